@@ -1,0 +1,381 @@
+"""The energy contract and its algebra.
+
+An :class:`Energy` maps a batch ``(B, *input_shape)`` to energies ``(B,)``; lower
+energy means more likely, ``p(x) ∝ exp(-E(x))``. Every algebra operation returns an
+``Energy`` again, so a sampler never special-cases composites (Du et al. 2020,
+"Compositional Visual Generation with Energy Based Models"):
+
+- ``a + b``: conjunction (product of experts), ``E_a + E_b``;
+- ``w * a``: weighting, any real ``w``; ``a - w * b``: negation relative to a base;
+- ``a | b``: disjunction, ``-logsumexp(-E_a, -E_b)``;
+- ``a / T``: temperature, ``E_a / T``;
+- ``a.condition(attr=value)``: binds attributes of a conditional model.
+
+This module imports nothing else from the package: ``Energy.sample`` reaches the
+sampler at call time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from numbers import Real
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:  # pragma: no cover
+    from composable_ebm.sampling import SampleResult, SamplerConfig
+
+Labels = Mapping[str, Tensor]
+"""Per-item attribute values: attribute name -> integer value indices of shape ``(B,)``."""
+
+
+class Energy(nn.Module):
+    """Base class of every energy: networks, analytic energies and composites.
+
+    Subclasses implement :meth:`energy`; :meth:`forward` checks shapes at the boundary.
+
+    Args:
+        input_shape: shape of one input, e.g. ``(3, 32, 32)`` for images or ``(2,)``.
+        value_range: ``(low, high)`` that samples are clamped to, ``None`` if unbounded.
+        attributes: for conditional models, attribute name -> its value names.
+    """
+
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        value_range: tuple[float, float] | None = (0.0, 1.0),
+        attributes: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        super().__init__()
+        self.input_shape: tuple[int, ...] = tuple(int(s) for s in input_shape)
+        if value_range is not None:
+            low, high = (float(v) for v in value_range)
+            if not low < high:
+                raise ValueError(f"value_range must satisfy low < high, got {value_range}")
+            value_range = (low, high)
+        self.value_range: tuple[float, float] | None = value_range
+        self.attributes: dict[str, tuple[str, ...]] = {
+            name: tuple(values) for name, values in (attributes or {}).items()
+        }
+        self._sampler_config: SamplerConfig | None = None
+
+    # ------------------------------------------------------------------ contract
+    @property
+    def name(self) -> str:
+        """Short name used in composite expressions."""
+        return type(self).__name__
+
+    def expression(self) -> str:
+        """The algebraic expression this energy stands for (a leaf is its name)."""
+        return self.name
+
+    def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        """Energies ``(B,)`` of a batch ``x`` of shape ``(B, *input_shape)``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement energy(x, labels)")
+
+    def forward(self, x: Tensor, labels: Labels | None = None) -> Tensor:
+        """Energies of shape ``(B,)``; raises ``ValueError`` on a wrong input or output shape."""
+        if tuple(x.shape[1:]) != self.input_shape:
+            raise ValueError(
+                f"{self.expression()} expects a batch of shape (B, {', '.join(map(str, self.input_shape))}),"
+                f" got {tuple(x.shape)}"
+            )
+        if labels:
+            labels = self.encode_labels(labels, batch_size=x.shape[0], device=x.device)
+        out = self.energy(x, labels or None)
+        if out.shape != (x.shape[0],):
+            raise ValueError(
+                f"{self.expression()} must return energies of shape ({x.shape[0]},) for a batch of"
+                f" {x.shape[0]}, got {tuple(out.shape)}"
+            )
+        return out
+
+    def energy_and_grad(
+        self, x: Tensor, labels: Labels | None = None, create_graph: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """Energies ``(B,)`` and ``dE/dx`` (shape of ``x``); never touches parameter ``.grad``.
+
+        With ``create_graph=True`` the gradient stays differentiable with respect to the
+        parameters (used by the KL loss through the last Langevin step); ``x`` is then used
+        as given, so a caller may keep its own graph through it.
+        """
+        with torch.enable_grad():
+            if not create_graph or not x.requires_grad:
+                x = x.detach().requires_grad_(True)
+            e = self(x, labels)
+            (grad,) = torch.autograd.grad(e.sum(), x, create_graph=create_graph)
+        return (e if create_graph else e.detach()), grad
+
+    def score(self, x: Tensor, labels: Labels | None = None) -> Tensor:
+        """The score ``-dE/dx`` (shape of ``x``), without touching parameter gradients."""
+        return -self.energy_and_grad(x, labels)[1]
+
+    # ------------------------------------------------------------- conditioning
+    def encode_labels(self, labels: Labels, batch_size: int, device: torch.device) -> dict[str, Tensor]:
+        """Check attribute names and value indices; broadcast scalars to ``(B,)`` long tensors."""
+        out: dict[str, Tensor] = {}
+        for attr, value in labels.items():
+            values = self._check_attribute(attr)
+            idx = torch.as_tensor(value, device=device).long()
+            if idx.ndim == 0:
+                idx = idx.expand(batch_size)
+            if idx.shape != (batch_size,):
+                raise ValueError(
+                    f"labels[{attr!r}] must be a scalar or have shape ({batch_size},), got {tuple(idx.shape)}"
+                )
+            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= len(values)):
+                raise ValueError(
+                    f"labels[{attr!r}] holds an index outside 0..{len(values) - 1}; valid values: {list(values)}"
+                )
+            out[attr] = idx
+        return out
+
+    def _check_attribute(self, attr: str) -> tuple[str, ...]:
+        if not self.attributes:
+            raise ValueError(f"{self.expression()} is not conditional: it has no attributes to bind (got {attr!r})")
+        if attr not in self.attributes:
+            raise ValueError(
+                f"{self.expression()} has no attribute {attr!r}; valid attributes: {sorted(self.attributes)}"
+            )
+        return self.attributes[attr]
+
+    def condition(self, **values: str | int | Tensor) -> Energy:
+        """Bind attribute values, e.g. ``model.condition(color="red")``.
+
+        A value is a value name, an index, or a tensor of indices ``(B,)`` (per batch item,
+        for training). Returns an ``Energy`` whose remaining attributes are the unbound ones.
+        """
+        if not values:
+            raise ValueError(f"condition() needs at least one attribute; valid attributes: {sorted(self.attributes)}")
+        bound: dict[str, int | Tensor] = {}
+        for attr, value in values.items():
+            names = self._check_attribute(attr)
+            if isinstance(value, str):
+                if value not in names:
+                    raise ValueError(f"attribute {attr!r} has no value {value!r}; valid values: {list(names)}")
+                bound[attr] = names.index(value)
+            elif isinstance(value, Tensor):
+                if value.dtype.is_floating_point or value.ndim > 1:
+                    raise ValueError(f"per-item values of {attr!r} must be an integer tensor of shape (B,)")
+                bound[attr] = value
+            elif isinstance(value, int) and not isinstance(value, bool):
+                if not 0 <= value < len(names):
+                    raise ValueError(f"attribute {attr!r} index {value} is out of range; valid values: {list(names)}")
+                bound[attr] = value
+            else:
+                raise ValueError(
+                    f"value of {attr!r} must be a value name, an index or an index tensor; got {value!r};"
+                    f" valid values: {list(names)}"
+                )
+        return Conditioned(self, bound)
+
+    # ---------------------------------------------------------------- sampling
+    @property
+    def sampler_config(self) -> SamplerConfig | None:
+        """Default sampling settings (``None``: the sampler's own); composites derive theirs."""
+        return self._sampler_config if self._sampler_config is not None else self.derived_sampler_config()
+
+    @sampler_config.setter
+    def sampler_config(self, config: SamplerConfig | None) -> None:
+        self._sampler_config = config
+
+    def derived_sampler_config(self) -> SamplerConfig | None:
+        """Settings used when none were set on this energy; a leaf has none."""
+        return None
+
+    def sample(self, n: int, **kwargs: Any) -> Tensor:
+        """Draw ``n`` samples ``(n, *input_shape)`` with Algorithm 2; see :func:`composable_ebm.sampling.sample`."""
+        from composable_ebm.sampling import sample
+
+        return sample(self, n, **kwargs).samples
+
+    def sample_chain(self, n: int, **kwargs: Any) -> SampleResult:
+        """Like :meth:`sample` but returns the whole :class:`~composable_ebm.sampling.SampleResult`."""
+        from composable_ebm.sampling import sample
+
+        return sample(self, n, **kwargs)
+
+    # ----------------------------------------------------------------- algebra
+    def __add__(self, other: object) -> Energy:
+        if isinstance(other, Energy):
+            return WeightedSum.combine([(1.0, self), (1.0, other)])
+        if isinstance(other, Real) and other == 0:  # lets sum([...]) start from 0
+            return self
+        return NotImplemented
+
+    __radd__ = __add__
+
+    def __sub__(self, other: object) -> Energy:
+        if isinstance(other, Energy):
+            return WeightedSum.combine([(1.0, self), (-1.0, other)])
+        return NotImplemented
+
+    def __neg__(self) -> Energy:
+        return WeightedSum.combine([(-1.0, self)])
+
+    def __mul__(self, weight: object) -> Energy:
+        if isinstance(weight, Real) and not isinstance(weight, bool):
+            if not math.isfinite(float(weight)):
+                raise ValueError(f"energy weights must be finite, got {weight}")
+            return WeightedSum.combine([(float(weight), self)])
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, temperature: object) -> Energy:
+        if isinstance(temperature, Real) and not isinstance(temperature, bool):
+            if not (math.isfinite(float(temperature)) and float(temperature) > 0):
+                raise ValueError(f"temperature must be a finite positive number, got {temperature}")
+            return WeightedSum.combine([(1.0 / float(temperature), self)])
+        return NotImplemented
+
+    def __or__(self, other: object) -> Energy:
+        if isinstance(other, Energy):
+            return Disjunction([self, other])
+        return NotImplemented
+
+
+def _check_compatible(parts: Sequence[Energy]) -> tuple[tuple[int, ...], tuple[float, float] | None]:
+    first = parts[0]
+    for other in parts[1:]:
+        if other.input_shape != first.input_shape:
+            raise ValueError(
+                f"cannot compose energies with different input shapes: {first.expression()} expects"
+                f" {first.input_shape}, {other.expression()} expects {other.input_shape}"
+            )
+        if other.value_range != first.value_range:
+            raise ValueError(
+                f"cannot compose energies with different value ranges: {first.expression()} has"
+                f" {first.value_range}, {other.expression()} has {other.value_range}"
+            )
+    return first.input_shape, first.value_range
+
+
+def _format_weight(w: float) -> str:
+    return repr(float(w))
+
+
+class WeightedSum(Energy):
+    """``sum_i w_i * E_i``: conjunction, weighting, negation and temperature in one node.
+
+    Build it with the operators; :meth:`combine` flattens nested sums, so
+    ``(a + b) + 2 * (c - d)`` is one node with four terms.
+    """
+
+    def __init__(self, weights: Sequence[float], terms: Sequence[Energy]) -> None:
+        if len(weights) != len(terms) or not terms:
+            raise ValueError("WeightedSum needs one weight per term and at least one term")
+        input_shape, value_range = _check_compatible(terms)
+        super().__init__(input_shape, value_range)
+        self.weights: tuple[float, ...] = tuple(float(w) for w in weights)
+        self.terms = nn.ModuleList(terms)
+
+    @classmethod
+    def combine(cls, weighted: Sequence[tuple[float, Energy]]) -> WeightedSum:
+        """A flat weighted sum of the given ``(weight, energy)`` pairs."""
+        weights: list[float] = []
+        terms: list[Energy] = []
+        for w, e in weighted:
+            if isinstance(e, WeightedSum):
+                weights.extend(w * inner for inner in e.weights)
+                terms.extend(e.terms)
+            else:
+                weights.append(w)
+                terms.append(e)
+        return cls(weights, terms)
+
+    @property
+    def num_models(self) -> int:
+        """Number of summed energies (the authors divide the step size by it)."""
+        return len(self.terms)
+
+    def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        total = self.weights[0] * self.terms[0](x)
+        for w, term in zip(self.weights[1:], self.terms[1:]):
+            total = total + w * term(x)
+        return total
+
+    def expression(self) -> str:
+        parts = []
+        for i, (w, term) in enumerate(zip(self.weights, self.terms)):
+            sign = "-" if w < 0 else "+"
+            mag = abs(w)
+            body = term.expression() if mag == 1.0 else f"{_format_weight(mag)} * {term.expression()}"
+            if i == 0:
+                parts.append(body if sign == "+" else f"-{body}")
+            else:
+                parts.append(f" {sign} {body}")
+        return "(" + "".join(parts) + ")"
+
+    def __repr__(self) -> str:
+        return self.expression()
+
+    def derived_sampler_config(self) -> SamplerConfig | None:
+        from composable_ebm.sampling import combine_sampler_configs
+
+        return combine_sampler_configs([t.sampler_config for t in self.terms], num_models=self.num_models)
+
+
+class Disjunction(Energy):
+    """``-logsumexp_i(-E_i)``: a mixture of the parts' unnormalised densities (``a | b``)."""
+
+    def __init__(self, terms: Sequence[Energy]) -> None:
+        flat: list[Energy] = []
+        for t in terms:
+            flat.extend(t.terms if isinstance(t, Disjunction) else [t])
+        input_shape, value_range = _check_compatible(flat)
+        super().__init__(input_shape, value_range)
+        self.terms = nn.ModuleList(flat)
+
+    def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        stacked = torch.stack([t(x) for t in self.terms], dim=1)  # (B, K)
+        return -torch.logsumexp(-stacked, dim=1)
+
+    def expression(self) -> str:
+        return "(" + " | ".join(t.expression() for t in self.terms) + ")"
+
+    def __repr__(self) -> str:
+        return self.expression()
+
+    def derived_sampler_config(self) -> SamplerConfig | None:
+        from composable_ebm.sampling import combine_sampler_configs
+
+        return combine_sampler_configs([t.sampler_config for t in self.terms], num_models=1)
+
+
+class Conditioned(Energy):
+    """A conditional energy with some attributes bound (``model.condition(attr=value)``)."""
+
+    def __init__(self, base: Energy, bound: Mapping[str, int | Tensor]) -> None:
+        remaining = {k: v for k, v in base.attributes.items() if k not in bound}
+        super().__init__(base.input_shape, base.value_range, remaining)
+        self.base = base
+        self.bound: dict[str, int | Tensor] = dict(bound)
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        merged: dict[str, Any] = dict(labels or {})
+        merged.update(self.bound)
+        return self.base(x, merged)
+
+    def expression(self) -> str:
+        shown = []
+        for attr, v in self.bound.items():
+            if isinstance(v, Tensor):
+                shown.append(f"{attr}=<per-item>")
+            else:
+                value = self.base.attributes[attr][v]
+                shown.append(value if len(self.bound) == 1 else f"{attr}={value}")
+        return f"{self.base.expression()}[{', '.join(shown)}]"
+
+    def __repr__(self) -> str:
+        return self.expression()
+
+    def derived_sampler_config(self) -> SamplerConfig | None:
+        return self.base.sampler_config

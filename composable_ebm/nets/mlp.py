@@ -1,0 +1,67 @@
+"""A small MLP energy for low-dimensional data (the 2-D toy densities)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from composable_ebm.configs import config_from_dict, config_to_dict
+from composable_ebm.energy import Energy, Labels
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    """Configuration of an :class:`MLPEnergy`."""
+
+    name: str = "mlp"
+    dim: int = 2
+    hidden: int = 128
+    depth: int = 3  # number of hidden layers
+    spectral_norm: bool = False
+    value_range: tuple[float, float] | None = None  # None: unbounded (no clamping when sampling)
+    attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return config_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MLPConfig:
+        return config_from_dict(cls, data)
+
+
+class MLPEnergy(Energy):
+    """``x -> Linear -> Swish -> ... -> Linear -> 1``, conditioned by concatenating one-hot attributes."""
+
+    def __init__(self, config: MLPConfig) -> None:
+        super().__init__((config.dim,), config.value_range, config.attributes)
+        self.config = config
+        cond_dim = sum(len(v) for v in config.attributes.values())
+        layers: list[nn.Module] = []
+        width = config.dim + cond_dim
+        for _ in range(config.depth):
+            layers += [self._linear(width, config.hidden), nn.SiLU()]
+            width = config.hidden
+        layers.append(self._linear(width, 1))
+        self.net = nn.Sequential(*layers)
+
+    def _linear(self, cin: int, cout: int) -> nn.Module:
+        layer = nn.Linear(cin, cout)
+        return nn.utils.parametrizations.spectral_norm(layer) if self.config.spectral_norm else layer
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        if self.attributes:
+            parts = [x]
+            for attr, values in self.attributes.items():
+                if labels is not None and attr in labels:
+                    parts.append(F.one_hot(labels[attr], len(values)).to(x.dtype))
+                else:
+                    parts.append(x.new_zeros(x.shape[0], len(values)))
+            x = torch.cat(parts, dim=1)
+        return self.net(x).squeeze(-1)

@@ -1,0 +1,206 @@
+"""ResNet energy networks from the paper's appendix tables (Du et al. 2021, Tables 6 and 7).
+
+Each tower is: 3x3 stem conv, a sequence of residual blocks (some down-sampling) with a
+self-attention block where the table puts it, Swish, global mean pooling, dense -> 1.
+
+Multiscale (Section 3.4 "Compositional Multi-scale Generation"): the energy of an image is
+the sum of three towers applied to the image at full, half and quarter resolution; the
+half-resolution tower drops the first down-sampling block and the quarter-resolution tower
+the first two ("Model Architectures" in the appendix). Towers share no weights.
+
+Widths: a block changes width in its first conv (with a 1x1 shortcut), so dropping a
+down-sampling block for the coarser towers never breaks the chain of widths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from composable_ebm.configs import config_from_dict, config_to_dict
+from composable_ebm.energy import Energy, Labels
+from composable_ebm.nets.layers import Norm, ResBlock, SelfAttention, Swish, conv
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One row of an architecture table."""
+
+    kind: Literal["res", "attention"] = "res"
+    channels: int = 64  # output width of a residual block (attention keeps its input width)
+    down: bool = False  # 2x average-pool down-sampling after the block ("ResBlock Down")
+
+
+def _table(*rows: str) -> tuple[BlockSpec, ...]:
+    """Parse rows like ``"64"``, ``"64 down"``, ``"attention"`` into block specs."""
+    specs = []
+    for row in rows:
+        if row == "attention":
+            specs.append(BlockSpec(kind="attention"))
+        else:
+            width, *rest = row.split()
+            specs.append(BlockSpec(channels=int(width), down=rest == ["down"]))
+    return tuple(specs)
+
+
+PAPER_32_BLOCKS = _table("64", "64 down", "64", "64 down", "attention", "128", "128 down", "256", "256 down")
+"""Table "CIFAR-10 and ImageNet-32x32": the attention block follows the second down-sampling."""
+
+PAPER_128_BLOCKS = _table("64 down", "128 down", "128 down", "256", "256 down", "attention", "512", "512 down")
+"""Table "CelebA-HQ/LSUN"; the table labels the attention block 512 wide, but it follows a
+256-wide block, so here it is 256 wide (attention keeps its input width)."""
+
+
+@dataclass(frozen=True)
+class ResNetConfig:
+    """Configuration of a :class:`ResNetEnergy` (round-trips through JSON)."""
+
+    name: str = "resnet"
+    image_size: int = 32
+    in_channels: int = 3
+    stem_channels: int = 64
+    blocks: tuple[BlockSpec, ...] = PAPER_32_BLOCKS
+    norm: Norm = "group"  # group (paper) | instance (authors' code up to 128 channels) | none
+    groups: int = 32  # group-norm groups (reduced to a divisor of the width when needed)
+    spectral_norm: bool = False  # IGEBM's regulariser; the paper drops it
+    weight_standardization: bool = False  # the authors' code standardises conv weights
+    multiscale: bool = True  # sum of full, half and quarter resolution towers
+    attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> value names
+
+    @classmethod
+    def paper_32(cls, **overrides) -> ResNetConfig:
+        """The 32x32 network (CIFAR-10, ImageNet 32x32): multiscale with self-attention."""
+        return dataclasses.replace(cls(name="paper-32", image_size=32, blocks=PAPER_32_BLOCKS), **overrides)
+
+    @classmethod
+    def paper_128(cls, **overrides) -> ResNetConfig:
+        """The 128x128 network (CelebA-HQ, LSUN bedroom)."""
+        return dataclasses.replace(cls(name="paper-128", image_size=128, blocks=PAPER_128_BLOCKS), **overrides)
+
+    def to_dict(self) -> dict:
+        return config_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ResNetConfig:
+        return config_from_dict(cls, data)
+
+    @property
+    def scales(self) -> tuple[int, ...]:
+        """Down-scaling factor of each tower's input."""
+        return (1, 2, 4) if self.multiscale else (1,)
+
+
+def tower_blocks(blocks: Sequence[BlockSpec], drop_downs: int) -> list[BlockSpec]:
+    """The table with its first ``drop_downs`` down-sampling residual blocks removed."""
+    out, dropped = [], 0
+    for b in blocks:
+        if b.kind == "res" and b.down and dropped < drop_downs:
+            dropped += 1
+            continue
+        out.append(b)
+    if dropped < drop_downs:
+        raise ValueError(f"multiscale needs at least {drop_downs} down-sampling blocks, the table has {dropped}")
+    return out
+
+
+class ResNetTower(nn.Module):
+    """One tower: stem, blocks, Swish, global mean pool, dense -> 1. Returns ``(B,)``."""
+
+    def __init__(self, config: ResNetConfig, blocks: Sequence[BlockSpec], cond_dim: int) -> None:
+        super().__init__()
+        c = config
+        self.stem = conv(c.in_channels, c.stem_channels, 3, c.spectral_norm, False)
+        layers: list[nn.Module] = []
+        width = c.stem_channels
+        for b in blocks:
+            if b.kind == "attention":
+                layers.append(SelfAttention(width, c.spectral_norm))
+            elif b.kind == "res":
+                layers.append(
+                    ResBlock(
+                        width, b.channels, b.down, c.norm, c.groups, cond_dim, c.spectral_norm,
+                        c.weight_standardization,
+                    )
+                )
+                width = b.channels
+            else:
+                raise ValueError(f"unknown block kind {b.kind!r}; valid kinds: ['res', 'attention']")
+        self.blocks = nn.ModuleList(layers)
+        self.act = Swish()
+        self.head = nn.Linear(width, 1)
+        if c.spectral_norm:
+            self.head = nn.utils.parametrizations.spectral_norm(self.head)
+        self.num_downs = sum(1 for b in blocks if b.kind == "res" and b.down)
+
+    def forward(self, x: Tensor, cond: Tensor | None) -> Tensor:
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h, cond)
+        h = self.act(h).mean(dim=(2, 3))  # global mean pooling, (B, C)
+        return self.head(h).squeeze(-1)
+
+
+class ResNetEnergy(Energy):
+    """The paper's ResNet energy, optionally multiscale and attribute-conditioned (FiLM)."""
+
+    def __init__(self, config: ResNetConfig) -> None:
+        c = config
+        super().__init__((c.in_channels, c.image_size, c.image_size), (0.0, 1.0), c.attributes)
+        self.config = config
+        cond_dim = sum(len(v) for v in c.attributes.values())
+        towers = []
+        for i, scale in enumerate(c.scales):
+            blocks = tower_blocks(c.blocks, drop_downs=i)
+            size = c.image_size // scale
+            downs = sum(1 for b in blocks if b.kind == "res" and b.down)
+            if c.image_size % scale or size % (2**downs):
+                raise ValueError(
+                    f"image_size {c.image_size} does not fit the table: the 1/{scale} tower sees {size}x{size}"
+                    f" and down-samples {downs} times"
+                )
+            towers.append(ResNetTower(c, blocks, cond_dim))
+        self.towers = nn.ModuleList(towers)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def condition_vector(self, labels: Labels | None, batch: int, device: torch.device) -> Tensor | None:
+        """Concatenated one-hot codes of the bound attributes; zeros for unbound ones. ``(B, D)``."""
+        if not self.attributes:
+            return None
+        parts = []
+        for attr, values in self.attributes.items():
+            if labels is not None and attr in labels:
+                parts.append(F.one_hot(labels[attr], len(values)).float())
+            else:
+                parts.append(torch.zeros(batch, len(values), device=device))
+        return torch.cat(parts, dim=1)
+
+    def scale_energies(self, x: Tensor, labels: Labels | None = None) -> Tensor:
+        """Energy of each tower, ``(B, num_scales)``; the energy is their sum."""
+        if labels:
+            labels = self.encode_labels(labels, x.shape[0], x.device)
+        return self._tower_energies(x, labels or None)
+
+    def _tower_energies(self, x: Tensor, labels: Labels | None) -> Tensor:
+        cond = self.condition_vector(labels or None, x.shape[0], x.device)
+        if cond is not None:
+            cond = cond.to(x.dtype)
+        outs = []
+        for scale, tower in zip(self.config.scales, self.towers):
+            xs = F.avg_pool2d(x, scale) if scale > 1 else x
+            outs.append(tower(xs, cond))
+        return torch.stack(outs, dim=1)
+
+    def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        return self._tower_energies(x, labels).sum(dim=1)
+
+    def extra_repr(self) -> str:
+        return f"name={self.config.name!r}, input_shape={self.input_shape}, multiscale={self.config.multiscale}"

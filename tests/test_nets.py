@@ -1,0 +1,151 @@
+"""Energy networks: the contract over every config and composite, multiscale, paper sizes, JSON configs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from composable_ebm import Energy, GaussianEnergy, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
+from composable_ebm.nets.resnet import PAPER_32_BLOCKS, tower_blocks
+from tests.conftest import tiny_config
+from tests.test_energy import randomize
+
+NETWORK_CONFIGS = {
+    "resnet-multiscale": tiny_config(),
+    "resnet-single": tiny_config(multiscale=False),
+    "resnet-conditional": tiny_config(attributes={"color": ("red", "green"), "size": ("small", "large")}),
+    "resnet-spectral": tiny_config(spectral_norm=True),
+    "resnet-instance-ws": tiny_config(norm="instance", weight_standardization=True),
+    "resnet-no-norm-gray": tiny_config(norm="none", in_channels=1),
+    "mlp": MLPConfig(hidden=16, depth=2),
+    "mlp-conditional": MLPConfig(hidden=16, depth=2, attributes={"digit": ("0", "1")}),
+}
+
+
+def build(config) -> Energy:
+    return ResNetEnergy(config) if isinstance(config, ResNetConfig) else MLPEnergy(config)
+
+
+def composites() -> dict[str, Energy]:
+    torch.manual_seed(1)
+    color = randomize(ResNetEnergy(tiny_config(name="color", attributes={"color": ("red", "green", "blue")})))
+    shape = randomize(ResNetEnergy(tiny_config(name="shape", attributes={"shape": ("circle", "square")})))
+    plain = ResNetEnergy(tiny_config(name="plain", multiscale=False))
+    red, blue, circle = color.condition(color="red"), color.condition(color="blue"), shape.condition(shape="circle")
+    return {
+        "sum": red + circle,
+        "weighted": red + 2.0 * circle,
+        "negation": red - 0.5 * circle,
+        "disjunction": red | blue,
+        "temperature": (red + circle) / 2.0,
+        "nested": (red | blue) + 0.5 * (circle - plain),
+        "sum-builtin": sum([red, circle, plain]),
+        "chained-condition": ResNetEnergy(
+            tiny_config(name="joint", attributes={"color": ("red", "green"), "shape": ("circle", "square")})
+        )
+        .condition(color="red")
+        .condition(shape="square"),
+    }
+
+
+def contract_cases():
+    cases = [pytest.param(lambda c=c: build(c), id=name) for name, c in NETWORK_CONFIGS.items()]
+    cases += [pytest.param(lambda n=n: composites()[n], id=f"composite-{n}") for n in composites()]
+    cases.append(pytest.param(lambda: GaussianEnergy(torch.zeros(2), torch.eye(2)), id="gaussian"))
+    return cases
+
+
+@pytest.mark.parametrize("make", contract_cases())
+def test_energy_contract(make):
+    """(B, *input_shape) -> finite (B,), input gradient of the input's shape, batch-independent values."""
+    energy = make().eval()  # eval: spectral norm's power iteration would change values between calls
+    assert isinstance(energy, Energy)
+    lo, hi = energy.value_range or (-2.0, 2.0)
+    x = lo + (hi - lo) * torch.rand(5, *energy.input_shape)
+    e = energy(x)
+    assert e.shape == (5,) and torch.isfinite(e).all()
+    e2, g = energy.energy_and_grad(x)
+    assert g.shape == x.shape and torch.isfinite(g).all()
+    torch.testing.assert_close(e2, e.detach())
+    # each item's energy does not depend on the rest of the batch
+    torch.testing.assert_close(energy(x[:2]), energy(x)[:2], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="expects a batch of shape"):
+        energy(torch.zeros(2, *energy.input_shape[:-1], energy.input_shape[-1] + 1))
+
+
+def test_multiscale_energy_equals_explicit_sum_of_towers():
+    model = randomize(ResNetEnergy(tiny_config(attributes={"color": ("red", "green")})))
+    x = torch.rand(3, 3, 8, 8)
+    labels = {"color": torch.tensor([0, 1, 1])}
+    cond = F.one_hot(labels["color"], 2).float()
+    towers = model.towers
+    explicit = towers[0](x, cond) + towers[1](F.avg_pool2d(x, 2), cond) + towers[2](F.avg_pool2d(x, 4), cond)
+    torch.testing.assert_close(model(x, labels), explicit)
+    torch.testing.assert_close(model.scale_energies(x, labels).sum(1), explicit)
+
+
+def test_coarser_towers_drop_the_first_down_sampling_blocks():
+    full = tower_blocks(PAPER_32_BLOCKS, 0)
+    half = tower_blocks(PAPER_32_BLOCKS, 1)
+    quarter = tower_blocks(PAPER_32_BLOCKS, 2)
+    assert len(full) - len(half) == 1 and len(full) - len(quarter) == 2
+    assert [b for b in full if b.down][1:] == [b for b in half if b.down]
+    assert [b for b in full if b.down][2:] == [b for b in quarter if b.down]
+    # every tower ends at the same spatial size (2x2 for the 32x32 network)
+    model = ResNetEnergy(ResNetConfig.paper_32())
+    assert [t.num_downs for t in model.towers] == [4, 3, 2]
+
+
+@pytest.mark.parametrize(
+    ("factory", "multiscale", "expected"),
+    [
+        (ResNetConfig.paper_32, True, 8_568_054),
+        (ResNetConfig.paper_32, False, 2_930_130),
+        (ResNetConfig.paper_128, True, 33_097_158),
+        (ResNetConfig.paper_128, False, 11_180_354),
+    ],
+)
+def test_paper_architecture_parameter_counts(factory, multiscale, expected):
+    model = ResNetEnergy(factory(multiscale=multiscale))
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_paper_architectures_map_images_to_one_energy_each():
+    for config in (ResNetConfig.paper_32(), ResNetConfig.paper_128()):
+        model = ResNetEnergy(config)
+        x = torch.rand(2, 3, config.image_size, config.image_size)
+        with torch.no_grad():
+            assert model(x).shape == (2,)
+            assert model.scale_energies(x).shape == (2, 3)
+
+
+def test_image_size_that_does_not_fit_the_table_is_rejected():
+    with pytest.raises(ValueError, match="does not fit the table"):
+        ResNetEnergy(ResNetConfig.paper_32(image_size=24))
+
+
+@pytest.mark.parametrize("name", sorted(NETWORK_CONFIGS))
+def test_config_json_round_trip(name):
+    config = NETWORK_CONFIGS[name]
+    text = json.dumps(config.to_dict())
+    restored = type(config).from_dict(json.loads(text))
+    assert restored == config
+    torch.manual_seed(0)
+    a = build(config)
+    torch.manual_seed(0)
+    b = build(restored)
+    a.load_state_dict(b.state_dict(), strict=True)
+
+
+def test_unknown_config_keys_are_rejected_with_the_valid_ones():
+    data = ResNetConfig.paper_32().to_dict()
+    data["multiscal"] = False
+    with pytest.raises(ValueError, match=r"unknown ResNetConfig setting\(s\) \['multiscal'\].*multiscale"):
+        ResNetConfig.from_dict(data)
+    data = ResNetConfig.paper_32().to_dict()
+    data["norm"] = "batch"
+    with pytest.raises(ValueError, match="must be one of"):
+        ResNetConfig.from_dict(data)
