@@ -1,0 +1,64 @@
+"""Image grids and chain strips as PNG files (torchvision's grid layout, PIL for writing)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import Tensor
+from torchvision.utils import make_grid
+
+
+def to_pil(grid: Tensor) -> Image.Image:
+    """A ``(C, H, W)`` float image in ``[0, 1]`` as a PIL image."""
+    if grid.ndim != 3 or grid.shape[0] not in (1, 3):
+        raise ValueError(f"expected one image (1 or 3, H, W), got shape {tuple(grid.shape)}")
+    array = (grid.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    return Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
+
+
+def image_grid(images: Tensor, nrow: int | None = None, padding: int = 2) -> Image.Image:
+    """A grid of a batch ``(B, C, H, W)`` in ``[0, 1]``, ``nrow`` images per row (default: square)."""
+    if images.ndim != 4:
+        raise ValueError(f"expected a batch of images (B, C, H, W), got shape {tuple(images.shape)}")
+    if nrow is None:
+        nrow = max(1, int(round(images.shape[0] ** 0.5)))
+    grid = make_grid(images.detach().float().cpu().clamp(0, 1), nrow=nrow, padding=padding, pad_value=1.0)
+    return to_pil(grid if images.shape[1] == 3 else grid[:1])
+
+
+def chain_strip(chain: Tensor, max_chains: int = 8, padding: int = 2) -> Image.Image:
+    """Chains as rows, time left to right: ``chain`` is ``(T, n, C, H, W)`` from a sampler result."""
+    if chain.ndim != 5:
+        raise ValueError(f"expected a chain (T, n, C, H, W), got shape {tuple(chain.shape)}")
+    steps, n = chain.shape[:2]
+    rows = chain[:, : min(n, max_chains)].transpose(0, 1).reshape(-1, *chain.shape[2:])  # (n*T, C, H, W)
+    return image_grid(rows, nrow=steps, padding=padding)
+
+
+def save_png(image: Image.Image, path: str | Path) -> Path:
+    """Write ``image`` atomically (temp file + rename) so a failed write leaves no broken file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        image.save(tmp, format="PNG")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def save_image_grid(images: Tensor, path: str | Path, nrow: int | None = None) -> Path:
+    """Write a batch of images as one PNG grid."""
+    return save_png(image_grid(images, nrow), path)
+
+
+def save_chain_strip(chain: Tensor, path: str | Path, max_chains: int = 8) -> Path:
+    """Write a sampler chain as a PNG strip (the paper's figure of chains travelling between modes)."""
+    return save_png(chain_strip(chain, max_chains), path)

@@ -1,0 +1,38 @@
+"""Sampling: Langevin and MALA transitions, augmentation transitions, Algorithm 2's chain runner."""
+
+from composable_ebm.sampling.augment import AugmentConfig, augment
+from composable_ebm.sampling.runner import (
+    SampleResult,
+    SamplerDiagnostics,
+    initial_noise,
+    make_generator,
+    resolve_config,
+    sample,
+)
+from composable_ebm.sampling.transitions import (
+    ChainState,
+    SamplerConfig,
+    StepInfo,
+    combine_sampler_configs,
+    evaluate,
+    langevin_step,
+    mala_step,
+)
+
+__all__ = [
+    "AugmentConfig",
+    "ChainState",
+    "SampleResult",
+    "SamplerConfig",
+    "SamplerDiagnostics",
+    "StepInfo",
+    "augment",
+    "combine_sampler_configs",
+    "evaluate",
+    "initial_noise",
+    "langevin_step",
+    "make_generator",
+    "mala_step",
+    "resolve_config",
+    "sample",
+]

@@ -1,0 +1,172 @@
+"""MCMC transitions on an energy passed per call: a Langevin step and a MALA step.
+
+State and diagnostics are separate records (as blackjax's ``MALAState`` / ``MALAInfo``): the
+state caches the energy and gradient of its position, so MALA never recomputes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from composable_ebm.energy import Energy, Labels
+from composable_ebm.sampling.augment import AugmentConfig
+
+Precision = Literal["float32", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Langevin / MALA settings and Algorithm 2's schedule.
+
+    The defaults are the paper's 32x32 settings (appendix, "Experiment Configurations").
+    """
+
+    step_size: float = 500.0  # lambda in x <- x - lambda * dE/dx + noise * N(0, 1)
+    noise: float | None = 0.001  # std of the added noise; None: sqrt(2 * step_size) (exact Langevin)
+    steps: int = 40  # K: Langevin steps per round
+    rounds: int = 1  # N: rounds of [augmentation, K steps] (Algorithm 2)
+    final_steps: int = 0  # plain steps after the last round
+    method: Literal["langevin", "mala"] = "langevin"
+    augment: AugmentConfig | None = None  # augmentation transition at the start of every round
+    clamp: bool = True  # clamp to the energy's value range (Langevin) / reject outside it (MALA)
+    precision: Precision = "float32"  # bfloat16: energy and gradient under autocast, update in float32
+
+    def __post_init__(self) -> None:
+        if not self.step_size > 0:
+            raise ValueError(f"step_size must be > 0, got {self.step_size}")
+        if self.noise is not None and self.noise < 0:
+            raise ValueError(f"noise must be >= 0 or None, got {self.noise}")
+        if self.steps < 0 or self.rounds < 1 or self.final_steps < 0:
+            raise ValueError(
+                f"need steps >= 0, rounds >= 1, final_steps >= 0; got {self.steps}, {self.rounds}, {self.final_steps}"
+            )
+        if self.method not in ("langevin", "mala"):
+            raise ValueError(f"unknown method {self.method!r}; valid choices: ['langevin', 'mala']")
+        if self.precision not in ("float32", "bfloat16"):
+            raise ValueError(f"unknown precision {self.precision!r}; valid choices: ['float32', 'bfloat16']")
+
+    @property
+    def noise_std(self) -> float:
+        return (2.0 * self.step_size) ** 0.5 if self.noise is None else self.noise
+
+    @property
+    def total_steps(self) -> int:
+        return self.rounds * self.steps + self.final_steps
+
+
+def combine_sampler_configs(configs: list[SamplerConfig | None], num_models: int) -> SamplerConfig:
+    """Default settings of a composite: the first part's settings with the step size divided by
+    the number of summed models (a sum of K energies has a K-times larger gradient; the
+    authors' composition scripts divide the same way)."""
+    base = next((c for c in configs if c is not None), None) or SamplerConfig()
+    return replace(base, step_size=base.step_size / max(num_models, 1))
+
+
+@dataclass
+class ChainState:
+    """Position of every chain with its cached energy ``(B,)`` and gradient ``dE/dx``."""
+
+    x: Tensor
+    energy: Tensor
+    grad: Tensor
+
+
+@dataclass
+class StepInfo:
+    """Diagnostics of one transition (tensors, so recording them never synchronises the device)."""
+
+    energy: Tensor  # mean energy after the step, scalar
+    grad_norm: Tensor  # mean per-chain L2 norm of dE/dx at the step's start, scalar
+    accepted: Tensor | None  # MALA: per-chain bool (B,); Langevin: None
+
+
+def _autocast(x: Tensor, precision: Precision):
+    if precision == "bfloat16":
+        return torch.autocast(device_type=x.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def evaluate(
+    energy: Energy, x: Tensor, labels: Labels | None, precision: Precision = "float32", create_graph: bool = False
+) -> ChainState:
+    """Energy and ``dE/dx`` at ``x``; under bf16 autocast the results are returned in ``x``'s dtype."""
+    with _autocast(x, precision):
+        e, g = energy.energy_and_grad(x, labels, create_graph=create_graph)
+    return ChainState(x, e.to(x.dtype), g.to(x.dtype))
+
+
+def _bounds(energy: Energy, config: SamplerConfig) -> tuple[float, float] | None:
+    return energy.value_range if config.clamp else None
+
+
+def langevin_step(
+    energy: Energy,
+    state: ChainState,
+    config: SamplerConfig,
+    generator: torch.Generator,
+    labels: Labels | None = None,
+) -> tuple[ChainState, StepInfo]:
+    """``x <- clamp(x - step_size * dE/dx + noise * N(0, 1))`` (Algorithm 2's inner step)."""
+    noise = torch.randn(state.x.shape, generator=generator, device=state.x.device, dtype=state.x.dtype)
+    x = state.x - config.step_size * state.grad + config.noise_std * noise
+    bounds = _bounds(energy, config)
+    if bounds is not None:
+        x = x.clamp(*bounds)
+    new = evaluate(energy, x, labels, config.precision)
+    info = StepInfo(new.energy.mean(), _grad_norm(state.grad), None)
+    return new, info
+
+
+def _grad_norm(grad: Tensor) -> Tensor:
+    return grad.flatten(1).norm(dim=1).mean()
+
+
+def _log_proposal(to: Tensor, frm: Tensor, grad_frm: Tensor, step: float, std: float) -> Tensor:
+    """log q(to | frm) up to a constant, for the proposal N(frm - step * grad, std^2 I). ``(B,)``."""
+    diff = (to - frm + step * grad_frm).flatten(1)
+    return -(diff * diff).sum(dim=1) / (2 * std * std)
+
+
+def mala_step(
+    energy: Energy,
+    state: ChainState,
+    config: SamplerConfig,
+    generator: torch.Generator,
+    labels: Labels | None = None,
+) -> tuple[ChainState, StepInfo]:
+    """Metropolis-adjusted Langevin: the Langevin proposal with a per-chain accept/reject.
+
+    Targets ``exp(-E)`` exactly for any step size and noise (restricted to the value range,
+    where proposals outside it are rejected).
+    """
+    std = config.noise_std
+    if std <= 0:
+        raise ValueError("MALA needs noise > 0 (noise=None gives the exact-Langevin sqrt(2 * step_size))")
+    x = state.x
+    noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    proposal = x - config.step_size * state.grad + std * noise
+    prop = evaluate(energy, proposal, labels, config.precision)
+    log_alpha = (
+        state.energy
+        - prop.energy
+        + _log_proposal(x, proposal, prop.grad, config.step_size, std)
+        - _log_proposal(proposal, x, state.grad, config.step_size, std)
+    )
+    bounds = _bounds(energy, config)
+    if bounds is not None:
+        inside = ((proposal >= bounds[0]) & (proposal <= bounds[1])).flatten(1).all(dim=1)
+        log_alpha = torch.where(inside, log_alpha, torch.full_like(log_alpha, -torch.inf))
+    u = torch.rand(x.shape[0], generator=generator, device=x.device, dtype=x.dtype)
+    accept = torch.log(u) < log_alpha  # NaN log_alpha (a non-finite energy) rejects
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    new = ChainState(
+        torch.where(accept.view(shape), proposal, x),
+        torch.where(accept, prop.energy, state.energy),
+        torch.where(accept.view(shape), prop.grad, state.grad),
+    )
+    return new, StepInfo(new.energy.mean(), _grad_norm(state.grad), accept)

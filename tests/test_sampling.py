@@ -1,0 +1,196 @@
+"""Sampler: moments on analytic energies, MALA acceptance, determinism, augmentation, side effects."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from composable_ebm import GaussianEnergy, ResNetEnergy
+from composable_ebm.images import save_chain_strip
+from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment, sample
+from tests.conftest import tiny_config
+from tests.test_energy import randomize
+
+MEAN = torch.tensor([1.0, -2.0])
+COV = torch.tensor([[1.0, 0.5], [0.5, 2.0]])
+
+
+def moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.mean(0), torch.cov(x.T)
+
+
+def test_langevin_with_small_step_reproduces_gaussian_moments():
+    energy = GaussianEnergy(MEAN, COV)
+    result = sample(energy, 4000, SamplerConfig(step_size=0.02, noise=None, steps=1500), seed=0)
+    mean, cov = moments(result.samples)
+    torch.testing.assert_close(mean, MEAN, atol=0.1, rtol=0)
+    torch.testing.assert_close(cov, COV, atol=0.12, rtol=0)
+
+
+def test_mala_reproduces_gaussian_moments_with_a_large_step():
+    energy = GaussianEnergy(MEAN, COV)
+    result = sample(energy, 4000, SamplerConfig(step_size=0.6, noise=None, steps=300, method="mala"), seed=1)
+    mean, cov = moments(result.samples)
+    torch.testing.assert_close(mean, MEAN, atol=0.08, rtol=0)
+    torch.testing.assert_close(cov, COV, atol=0.12, rtol=0)
+    assert 0.3 < result.acceptance_rate < 1.0
+
+
+def test_unadjusted_langevin_with_a_large_step_is_biased_but_mala_is_not():
+    """The property that makes MALA worth having: at step 0.6 plain Langevin inflates the variance."""
+    energy = GaussianEnergy(MEAN, COV)
+    ula = sample(energy, 4000, SamplerConfig(step_size=0.6, noise=None, steps=300), seed=2)
+    # ULA on a Gaussian inflates the variance along precision eigenvalue lam by 1 / (1 - step * lam / 2)
+    assert torch.linalg.eigvalsh(torch.cov(ula.samples.T))[0] > 1.3 * torch.linalg.eigvalsh(COV)[0]
+
+
+@pytest.mark.parametrize("method", ["langevin", "mala"])
+def test_sum_of_two_gaussian_energies_samples_the_product_gaussian(method):
+    m1, c1 = torch.tensor([2.0, 0.0]), torch.tensor([[1.0, 0.3], [0.3, 0.5]])
+    m2, c2 = torch.tensor([-1.0, 1.0]), torch.tensor([[0.8, -0.2], [-0.2, 1.5]])
+    p1, p2 = torch.linalg.inv(c1), torch.linalg.inv(c2)
+    cov = torch.linalg.inv(p1 + p2)
+    mean = cov @ (p1 @ m1 + p2 @ m2)
+    energy = GaussianEnergy(m1, c1) + GaussianEnergy(m2, c2)
+    step = 0.02 if method == "langevin" else 0.3
+    result = sample(energy, 4000, SamplerConfig(step_size=step, noise=None, steps=800, method=method), seed=3)
+    got_mean, got_cov = moments(result.samples)
+    torch.testing.assert_close(got_mean, mean, atol=0.05, rtol=0)
+    torch.testing.assert_close(got_cov, cov, atol=0.05, rtol=0)
+
+
+def test_mala_acceptance_falls_as_the_step_grows():
+    energy = GaussianEnergy(MEAN, COV)
+    rates = [
+        sample(energy, 1000, SamplerConfig(step_size=s, noise=None, steps=100, method="mala"), seed=0).acceptance_rate
+        for s in (0.05, 0.5, 2.0, 5.0)
+    ]
+    assert all(a > b for a, b in zip(rates, rates[1:])), rates
+    assert rates[0] > 0.95 and rates[-1] < 0.3
+
+
+def test_mala_never_leaves_the_value_range(color_model):
+    cfg = SamplerConfig(step_size=0.01, noise=0.2, steps=5, method="mala")
+    result = sample(color_model.condition(color="red"), 6, cfg, seed=0)
+    assert result.samples.min() >= 0 and result.samples.max() <= 1
+
+
+@pytest.fixture
+def image_energy():
+    torch.manual_seed(0)
+    return randomize(ResNetEnergy(tiny_config(name="img")))
+
+
+def test_same_seed_gives_identical_samples_and_different_seeds_differ(image_energy):
+    cfg = SamplerConfig(step_size=1.0, noise=0.01, steps=3, rounds=2, augment=AugmentConfig(blur_prob=0.5))
+    a = sample(image_energy, 4, cfg, seed=7).samples
+    b = sample(image_energy, 4, cfg, seed=7).samples
+    c = sample(image_energy, 4, cfg, seed=8).samples
+    assert torch.equal(a, b)
+    assert not torch.allclose(a, c)
+    gen = torch.Generator().manual_seed(7)
+    assert torch.equal(sample(image_energy, 4, cfg, generator=gen).samples, a)
+
+
+def test_augmenting_identical_images_gives_all_different_images_in_range():
+    torch.manual_seed(0)
+    base = torch.rand(1, 3, 16, 16).expand(64, 3, 16, 16).contiguous()
+    out = augment(base, AugmentConfig(blur_prob=0.5), torch.Generator().manual_seed(0))
+    assert out.shape == base.shape
+    assert out.min() >= 0 and out.max() <= 1
+    diffs = (out[:, None] - out[None]).flatten(2).abs().amax(-1)  # (64, 64) max-abs difference
+    distinct_pairs = (diffs > 1e-3).sum() - 0  # diagonal is zero
+    assert distinct_pairs >= 64 * 63 - 2  # (almost) every pair of augmented images differs
+
+
+def test_augmentation_with_everything_off_except_full_crop_is_identity():
+    x = torch.rand(5, 3, 8, 8)
+    cfg = AugmentConfig(color_prob=0.0, grayscale_prob=0.0, flip_prob=0.0, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0))
+    torch.testing.assert_close(augment(x, cfg, torch.Generator().manual_seed(0)), x, atol=1e-5, rtol=0)
+
+
+def test_flip_only_mirrors_every_image():
+    x = torch.rand(5, 3, 8, 8)
+    cfg = AugmentConfig(color_prob=0.0, grayscale_prob=0.0, flip_prob=1.0, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0))
+    torch.testing.assert_close(augment(x, cfg, torch.Generator().manual_seed(0)), x.flip(-1), atol=1e-5, rtol=0)
+
+
+def test_grayscale_only_makes_channels_equal():
+    x = torch.rand(5, 3, 8, 8)
+    cfg = AugmentConfig(color_prob=0.0, grayscale_prob=1.0, flip_prob=0.0, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0))
+    out = augment(x, cfg, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(out[:, 0], out[:, 1])
+    torch.testing.assert_close(out[:, 1], out[:, 2])
+
+
+def test_sampling_leaves_parameter_grads_flags_and_mode_untouched(image_energy):
+    params = list(image_energy.parameters())
+    params[0].requires_grad_(False)
+    for p in params[1:]:
+        p.grad = torch.full_like(p, 0.25)
+    image_energy.train()
+    flags = [p.requires_grad for p in params]
+    cfg = SamplerConfig(step_size=1.0, steps=3, rounds=2, augment=AugmentConfig())
+    sample(image_energy, 3, cfg, seed=0)
+    assert [p.requires_grad for p in params] == flags
+    assert params[0].grad is None
+    assert all(torch.equal(p.grad, torch.full_like(p, 0.25)) for p in params[1:])
+    assert image_energy.training
+    image_energy.eval()
+    sample(image_energy, 3, cfg, seed=0)
+    assert not image_energy.training
+
+
+def test_composite_of_conditional_networks_samples_end_to_end(color_model, shape_model):
+    red, circle = color_model.condition(color="red"), shape_model.condition(shape="circle")
+    color_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig())
+    composite = red + circle - 0.5 * shape_model.condition(shape="square")
+    assert composite.sampler_config.step_size == pytest.approx(10.0 / 3)
+    images = composite.sample(n=4, seed=0)
+    assert images.shape == (4, 3, 8, 8)
+    assert images.min() >= 0 and images.max() <= 1
+    # per-call overrides win over the derived defaults
+    result = composite.sample_chain(n=2, seed=0, steps=2, rounds=3, keep_every=2)
+    assert result.config.step_size == pytest.approx(10.0 / 3) and result.config.steps == 2
+    assert result.diagnostics.energy.shape == (6,)
+
+
+def test_result_has_chain_and_diagnostics_of_the_documented_shapes(image_energy, tmp_path):
+    cfg = SamplerConfig(step_size=1.0, steps=4, rounds=2, final_steps=2)
+    result = sample(image_energy, 3, cfg, seed=0, keep_every=5)
+    assert result.samples.shape == (3, 3, 8, 8)
+    assert result.chain.shape == (1 + 2, 3, 3, 8, 8)  # the start, then steps 5 and 10 (the last)
+    assert torch.equal(result.chain[-1], result.samples)
+    assert result.diagnostics.energy.shape == (10,) and result.diagnostics.grad_norm.shape == (10,)
+    assert result.diagnostics.acceptance is None and result.acceptance_rate is None
+    no_chain = sample(image_energy, 3, cfg, seed=0)
+    assert no_chain.chain is None and torch.equal(no_chain.samples, result.samples)
+    path = save_chain_strip(result.chain, tmp_path / "chain.png")
+    with Image.open(path) as im:
+        assert im.size == (3 * 8 + 4 * 2, 3 * 8 + 4 * 2)  # 3 states across, 3 chains down
+
+
+def test_callback_sees_every_step(image_energy):
+    seen = []
+    sample(image_energy, 2, SamplerConfig(step_size=1.0, steps=3, rounds=2), seed=0, callback=lambda d: seen.append(d["step"]))
+    assert seen == [1, 2, 3, 4, 5, 6]
+
+
+def test_bf16_sampling_returns_float32_samples_close_to_fp32(image_energy):
+    cfg = SamplerConfig(step_size=0.5, noise=0.0, steps=2)
+    fp32 = sample(image_energy, 4, cfg, seed=0).samples
+    bf16 = sample(image_energy, 4, cfg, seed=0, precision="bfloat16").samples
+    assert bf16.dtype == torch.float32
+    assert (bf16 - fp32).abs().max() < 0.05
+
+
+def test_bad_settings_are_rejected_with_the_valid_choices(image_energy):
+    with pytest.raises(ValueError, match="valid settings"):
+        sample(image_energy, 2, seed=0, stepz=3)
+    with pytest.raises(ValueError, match="valid choices"):
+        SamplerConfig(method="hmc")
+    with pytest.raises(ValueError, match="image energies"):
+        sample(GaussianEnergy(MEAN, COV), 2, SamplerConfig(augment=AugmentConfig()), seed=0)
+    with pytest.raises(ValueError, match="crop_scale"):
+        AugmentConfig(crop_scale=(0.0, 1.0))
