@@ -100,8 +100,16 @@ def evaluate(
     return ChainState(x, e.to(x.dtype), g.to(x.dtype))
 
 
-def _bounds(energy: Energy, config: SamplerConfig) -> tuple[float, float] | None:
+def clamp_bounds(energy: Energy, config: SamplerConfig) -> tuple[float, float] | None:
     return energy.value_range if config.clamp else None
+
+
+def langevin_update(
+    x: Tensor, grad: Tensor, config: SamplerConfig, noise: Tensor, bounds: tuple[float, float] | None
+) -> Tensor:
+    """``clamp(x - step_size * grad + noise_std * noise)``; differentiable in ``grad`` when it carries a graph."""
+    x = x - config.step_size * grad + config.noise_std * noise
+    return x.clamp(*bounds) if bounds is not None else x
 
 
 def langevin_step(
@@ -113,10 +121,7 @@ def langevin_step(
 ) -> tuple[ChainState, StepInfo]:
     """``x <- clamp(x - step_size * dE/dx + noise * N(0, 1))`` (Algorithm 2's inner step)."""
     noise = torch.randn(state.x.shape, generator=generator, device=state.x.device, dtype=state.x.dtype)
-    x = state.x - config.step_size * state.grad + config.noise_std * noise
-    bounds = _bounds(energy, config)
-    if bounds is not None:
-        x = x.clamp(*bounds)
+    x = langevin_update(state.x, state.grad, config, noise, clamp_bounds(energy, config))
     new = evaluate(energy, x, labels, config.precision)
     info = StepInfo(new.energy.mean(), _grad_norm(state.grad), None)
     return new, info
@@ -157,7 +162,7 @@ def mala_step(
         + _log_proposal(x, proposal, prop.grad, config.step_size, std)
         - _log_proposal(proposal, x, state.grad, config.step_size, std)
     )
-    bounds = _bounds(energy, config)
+    bounds = clamp_bounds(energy, config)
     if bounds is not None:
         inside = ((proposal >= bounds[0]) & (proposal <= bounds[1])).flatten(1).all(dim=1)
         log_alpha = torch.where(inside, log_alpha, torch.full_like(log_alpha, -torch.inf))

@@ -1,0 +1,107 @@
+"""Replay buffer of past negative samples (Du et al. 2021, Algorithm 1; Du & Mordatch 2019).
+
+Samples are kept in float on the training device, so a sample read back is bit-identical to
+the one stored (no quantisation drift across round trips), with the attribute labels they
+were sampled under. Reservoir sampling keeps a uniform sample of every negative seen over
+the run (the authors' choice); ``fifo`` keeps the most recent ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Policy = Literal["reservoir", "fifo"]
+
+
+class ReplayBuffer:
+    """Fixed-capacity store of samples ``(N, *shape)`` and integer labels per attribute."""
+
+    def __init__(
+        self,
+        capacity: int,
+        shape: Sequence[int],
+        attributes: Sequence[str] = (),
+        device: torch.device | str = "cpu",
+        policy: Policy = "reservoir",
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"buffer capacity must be >= 1, got {capacity}")
+        if policy not in ("reservoir", "fifo"):
+            raise ValueError(f"unknown buffer policy {policy!r}; valid choices: ['reservoir', 'fifo']")
+        self.capacity = int(capacity)
+        self.shape = tuple(shape)
+        self.policy = policy
+        self.device = torch.device(device)
+        self.samples = torch.zeros((self.capacity, *self.shape), device=self.device)
+        self.labels = {a: torch.zeros(self.capacity, dtype=torch.long, device=self.device) for a in attributes}
+        self.size = 0  # items held
+        self.seen = 0  # items ever offered (reservoir sampling needs it)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, x: Tensor, labels: Mapping[str, Tensor] | None, generator: torch.Generator) -> None:
+        """Offer a batch ``(B, *shape)`` to the buffer."""
+        if tuple(x.shape[1:]) != self.shape:
+            raise ValueError(f"buffer holds samples of shape {self.shape}, got a batch of {tuple(x.shape)}")
+        missing = set(self.labels) - set(labels or {})
+        if missing:
+            raise ValueError(f"buffer keeps labels for {sorted(self.labels)}; missing {sorted(missing)}")
+        b = x.shape[0]
+        if self.policy == "fifo":
+            slots = (torch.arange(b, device=self.device) + self.seen) % self.capacity
+            keep = torch.ones(b, dtype=torch.bool, device=self.device)
+        else:
+            # reservoir: item number t (0-based) is kept with probability capacity / (t + 1), in a random slot
+            t = torch.arange(b, device=self.device) + self.seen
+            draw = (torch.rand(b, generator=generator, device=self.device) * (t + 1)).long()
+            slots = torch.where(t < self.capacity, t, draw)
+            keep = slots < self.capacity
+        slots, src = slots[keep], torch.nonzero(keep).squeeze(1)
+        # two items of one batch may draw the same slot: the later one wins, as if added one by one
+        winner = torch.full((self.capacity,), -1, dtype=torch.long, device=self.device)
+        winner.scatter_reduce_(0, slots, src, reduce="amax")
+        slots = torch.nonzero(winner >= 0).squeeze(1)
+        src = winner[slots]
+        self.samples[slots] = x.detach().to(self.device, self.samples.dtype)[src]
+        for attr, store in self.labels.items():
+            store[slots] = labels[attr].to(self.device)[src]
+        self.seen += b
+        self.size = min(self.capacity, self.size + b)
+
+    def sample(self, n: int, generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
+        """``n`` items drawn uniformly with replacement: ``(n, *shape)`` and their labels."""
+        if self.size == 0:
+            raise ValueError("cannot sample from an empty replay buffer")
+        idx = torch.randint(self.size, (n,), generator=generator, device=self.device)
+        return self.samples[idx].clone(), {a: s[idx].clone() for a, s in self.labels.items()}
+
+    def state_dict(self) -> dict:
+        return {
+            "samples": self.samples[: self.size].clone(),
+            "labels": {a: s[: self.size].clone() for a, s in self.labels.items()},
+            "seen": self.seen,
+            "capacity": self.capacity,
+            "policy": self.policy,
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        if state["capacity"] != self.capacity or tuple(state["samples"].shape[1:]) != self.shape:
+            raise ValueError(
+                f"checkpoint buffer (capacity {state['capacity']}, shape {tuple(state['samples'].shape[1:])}) does not"
+                f" match this buffer (capacity {self.capacity}, shape {self.shape})"
+            )
+        if set(state["labels"]) != set(self.labels):
+            raise ValueError(f"checkpoint buffer labels {sorted(state['labels'])} != {sorted(self.labels)}")
+        self.size = state["samples"].shape[0]
+        self.samples.zero_()
+        self.samples[: self.size] = state["samples"].to(self.device)
+        for attr, store in self.labels.items():
+            store.zero_()
+            store[: self.size] = state["labels"][attr].to(self.device)
+        self.seen = int(state["seen"])
+        self.policy = state["policy"]

@@ -1,0 +1,79 @@
+"""Atomic training checkpoints and RNG state capture.
+
+A checkpoint is a ``torch.save`` of tensors, numbers, strings and containers only, so it
+loads with ``weights_only=True``. It is written to a temporary file in the same folder,
+flushed to disk, then renamed over the old one: a crash mid-write leaves the previous
+checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def save_atomic(payload: dict[str, Any], path: str | Path) -> Path:
+    """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True`` (no arbitrary unpickling)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def capture_rng_state(generator: torch.Generator) -> dict[str, Any]:
+    """The trainer's generator and the global torch, CUDA, numpy and Python RNG states."""
+    np_state = np.random.get_state()
+    py_version, py_internal, py_gauss = random.getstate()
+    state: dict[str, Any] = {
+        "generator": generator.get_state(),
+        "generator_device": str(generator.device),
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "key": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": {"version": py_version, "internal": list(py_internal), "gauss": py_gauss},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    generator.set_state(state["generator"])
+    torch.set_rng_state(state["torch"])
+    np_state = state["numpy"]
+    np.random.set_state(
+        ("MT19937", np_state["key"].numpy().astype(np.uint32), np_state["pos"], np_state["has_gauss"],
+         np_state["cached_gaussian"])
+    )
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

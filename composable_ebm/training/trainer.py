@@ -1,0 +1,473 @@
+"""The trainer: Algorithm 1 of Du et al. 2021 ("EBM training algorithm").
+
+Per iteration: positives from the data; chain starts from the replay buffer (fresh uniform
+noise with probability ``reinit_prob``), augmented; ``K - 1`` Langevin steps without
+parameter gradients; the last step inside :class:`ImprovedCDObjective`, which builds the
+graph the KL loss needs (so the last step is computed once); ``L_CD + L_KL``; Adam; EMA;
+the new negatives go into the buffer.
+
+Health: every iteration checks the loss and the energy difference; a non-finite value or an
+exploding difference is reported with its step and, by default, training rolls back to the
+last good checkpoint with a new seed. NaNs are never replaced.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from composable_ebm.configs import config_from_dict, config_to_dict
+from composable_ebm.energy import Energy, Labels
+from composable_ebm.sampling import (
+    AugmentConfig,
+    SamplerConfig,
+    augment,
+    clamp_bounds,
+    evaluate,
+    initial_noise,
+    langevin_update,
+)
+from composable_ebm.training.buffer import ReplayBuffer
+from composable_ebm.training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_atomic
+from composable_ebm.training.losses import cd_loss, entropy_loss, opt_loss
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Settings of Algorithm 1. Defaults follow the paper (32x32), or the authors' code where the paper is silent."""
+
+    steps: int = 10000  # training iterations
+    batch_size: int = 16
+    lr: float = 2e-4  # Adam (authors' code)
+    betas: tuple[float, float] = (0.0, 0.9)  # Adam betas (authors' code)
+    grad_clip: float | None = 0.5  # max global gradient norm (authors' code); None: no clipping
+    ema_decay: float = 0.9999  # paper; the authors' code uses 0.99
+    sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(step_size=500.0, noise=0.001, steps=40))
+    chain_augment: AugmentConfig | None = field(default_factory=lambda: AugmentConfig(crop_scale=(0.02, 1.0)))
+    buffer_size: int = 10000
+    buffer_policy: Literal["reservoir", "fifo"] = "reservoir"
+    reinit_prob: float = 0.001  # chain starts from fresh noise (experiments: 0.1%; Algorithm 1: 1%)
+    cd_l2: float = 1.0  # alpha of the L2 energy regulariser (authors' code)
+    kl_opt: bool = True  # L_opt: energy of samples through the last Langevin step
+    opt_weight: float = 1.0
+    kl_ent: bool = True  # L_ent: nearest-neighbour entropy against past samples
+    ent_weight: float = 0.3  # authors' code
+    ent_bank: int = 100  # |X|, past samples for the nearest-neighbour distance (paper: 100)
+    ent_min_buffer: int = 100  # L_ent starts once the buffer holds this many samples
+    dequantize: bool = True  # x * 255/256 + U(0, 1/256) for data in [0, 1] (authors' code)
+    on_fault: Literal["rollback", "stop"] = "rollback"
+    max_energy_diff: float = 1e4  # |mean E(x+) - mean E(x-)| above this is a fault
+    max_rollbacks: int = 5
+    log_every: int = 10  # JSONL (and TensorBoard) record every this many steps, with gradient norms
+    checkpoint_every: int = 100
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sampler.steps < 1:
+            raise ValueError("training needs at least one Langevin step per iteration (sampler.steps >= 1)")
+        if not 0.0 <= self.reinit_prob <= 1.0:
+            raise ValueError(f"reinit_prob must be in [0, 1], got {self.reinit_prob}")
+        if self.on_fault not in ("rollback", "stop"):
+            raise ValueError(f"unknown on_fault {self.on_fault!r}; valid choices: ['rollback', 'stop']")
+        if self.batch_size < 1 or self.steps < 0 or self.log_every < 1 or self.checkpoint_every < 1:
+            raise ValueError("batch_size, log_every and checkpoint_every must be >= 1 and steps >= 0")
+
+    def to_dict(self) -> dict:
+        return config_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainerConfig:
+        return config_from_dict(cls, data)
+
+
+class TrainingData(Protocol):
+    """In-memory training data: ``images`` ``(N, *input_shape)`` (float in the value range, or
+    uint8 scaled by 1/255) and ``labels``: attribute -> value indices ``(N,)``."""
+
+    images: Tensor
+    labels: Mapping[str, Tensor]
+
+
+class TrainingDiverged(RuntimeError):
+    """Raised when training faults and ``on_fault="stop"`` (or the rollback budget is spent)."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(f"training diverged at step {step}: {reason}")
+        self.step = step
+        self.reason = reason
+
+
+class ImprovedCDObjective(nn.Module):
+    """Every path from the parameters to the loss, in one forward (so DDP sees one forward per step).
+
+    Runs the last Langevin step (differentiable in the parameters when a KL term is on), then
+    returns the loss terms ``cd``, ``opt``, ``ent`` and the statistics of the step.
+    """
+
+    def __init__(self, energy: Energy, config: TrainerConfig) -> None:
+        super().__init__()
+        self.energy = energy
+        self.config = config
+
+    def forward(
+        self,
+        x_pos: Tensor,
+        pos_labels: Labels | None,
+        x_prev: Tensor,
+        neg_labels: Labels | None,
+        step_noise: Tensor,
+        bank: Tensor | None,
+    ) -> dict[str, Tensor]:
+        cfg, s = self.config, self.config.sampler
+        use_ent = cfg.kl_ent and bank is not None
+        differentiable = cfg.kl_opt or use_ent
+        prev = evaluate(self.energy, x_prev, neg_labels, s.precision, create_graph=differentiable)
+        # the last Langevin step, differentiable in the parameters through prev.grad
+        x_hat = langevin_update(x_prev, prev.grad, s, step_noise, clamp_bounds(self.energy, s))
+        x_neg = x_hat.detach()
+        e_pos = self.energy(x_pos, pos_labels)
+        e_neg = self.energy(x_neg, neg_labels)
+        out = {
+            "cd": cd_loss(e_pos, e_neg, cfg.cd_l2),
+            "e_pos": e_pos.detach().mean(),
+            "e_neg": e_neg.detach().mean(),
+            "langevin_grad_norm": prev.grad.detach().flatten(1).norm(dim=1).mean(),
+            "x_neg": x_neg,
+        }
+        if cfg.kl_opt:
+            out["opt"] = cfg.opt_weight * opt_loss(self.energy, x_hat, neg_labels)
+        if use_ent:
+            out["ent"] = cfg.ent_weight * entropy_loss(x_hat, bank)
+        return out
+
+
+@dataclass
+class TrainingSummary:
+    steps: int
+    rollbacks: int
+    faults: list[dict[str, Any]]
+    seconds_per_step: float
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The model inside a DDP wrapper (for saving and for calls that must not sync)."""
+    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+
+
+class Trainer:
+    """Algorithm 1 for any :class:`Energy` (conditional or not) on in-memory data.
+
+    Args:
+        energy: the model to train (moved to ``device``).
+        data: a :class:`TrainingData` (images and labels) or a plain tensor of images.
+        config: training settings.
+        out_dir: where ``checkpoint.pt``, ``log.jsonl`` (and TensorBoard files) go; ``None``:
+            keep the rollback checkpoint in memory and write nothing.
+        device: training device (default: the model's).
+    """
+
+    CHECKPOINT = "checkpoint.pt"
+    LOG = "log.jsonl"
+
+    def __init__(
+        self,
+        energy: Energy,
+        data: TrainingData | Tensor,
+        config: TrainerConfig,
+        out_dir: str | Path | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.config = config
+        first = next(energy.parameters(), None)
+        self.device = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+        self.energy = energy.to(self.device)
+        self.images, self.labels = self._check_data(energy, data)
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.objective: nn.Module = ImprovedCDObjective(self.energy, config)
+        if self.distributed:
+            self.objective = nn.parallel.DistributedDataParallel(
+                self.objective, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+        self.optimizer = torch.optim.Adam(self.energy.parameters(), lr=config.lr, betas=config.betas)
+        self.ema = copy.deepcopy(self.energy).requires_grad_(False).eval()
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(self._seed(0))
+        self.buffer = ReplayBuffer(
+            config.buffer_size, energy.input_shape, sorted(energy.attributes), self.device, config.buffer_policy
+        )
+        self.step = 0
+        self.rollbacks = 0
+        self.faults: list[dict[str, Any]] = []
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self._memory_checkpoint: dict[str, Any] | None = None
+        self._tensorboard = None
+        if self.out_dir is not None and self.rank == 0:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if importlib.util.find_spec("tensorboard") is not None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tensorboard = SummaryWriter(str(self.out_dir / "tensorboard"))
+
+    # ------------------------------------------------------------------ setup
+    def _seed(self, rollbacks: int) -> int:
+        return self.config.seed + 1_000_003 * rollbacks + 7_919 * self.rank
+
+    def _check_data(self, energy: Energy, data: TrainingData | Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        images = data if isinstance(data, Tensor) else data.images
+        labels = {} if isinstance(data, Tensor) else dict(data.labels)
+        if tuple(images.shape[1:]) != energy.input_shape:
+            raise ValueError(f"data items have shape {tuple(images.shape[1:])}, the energy expects {energy.input_shape}")
+        missing = set(energy.attributes) - set(labels)
+        if missing:
+            raise ValueError(f"the energy is conditioned on {sorted(energy.attributes)} but the data has no labels for {sorted(missing)}")
+        labels = {a: labels[a].to(self.device).long() for a in energy.attributes}
+        return images.to(self.device), labels
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        return self.out_dir / self.CHECKPOINT if self.out_dir is not None else None
+
+    # ------------------------------------------------------------ one iteration
+    def _positives(self, n: int) -> tuple[Tensor, dict[str, Tensor]]:
+        idx = torch.randint(self.images.shape[0], (n,), generator=self.generator, device=self.device)
+        x = self.images[idx]
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        if self.config.dequantize and self.energy.value_range == (0.0, 1.0):
+            x = x * (255.0 / 256.0) + torch.rand(x.shape, generator=self.generator, device=self.device) / 256.0
+        return x, {a: v[idx] for a, v in self.labels.items()}
+
+    def _chain_starts(self, n: int, pos_labels: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Buffer samples with their labels; fresh noise (with the positives' labels) with probability reinit_prob."""
+        noise = initial_noise(self.energy, n, self.generator, self.device)
+        if len(self.buffer) == 0:
+            return noise, dict(pos_labels)
+        old, old_labels = self.buffer.sample(n, self.generator)
+        fresh = torch.rand(n, generator=self.generator, device=self.device) < self.config.reinit_prob
+        shape = (-1,) + (1,) * (noise.ndim - 1)
+        x = torch.where(fresh.view(shape), noise, old)
+        labels = {a: torch.where(fresh, pos_labels[a], old_labels[a]) for a in pos_labels}
+        return x, labels
+
+    def train_step(self) -> dict[str, float]:
+        """One iteration of Algorithm 1; returns its statistics (raises on a fault)."""
+        cfg, s = self.config, self.config.sampler
+        t0 = time.perf_counter()
+        model = self.energy
+        x_pos, pos_labels = self._positives(cfg.batch_size)
+        x, neg_labels = self._chain_starts(cfg.batch_size, pos_labels)
+        if cfg.chain_augment is not None:
+            x = augment(x, cfg.chain_augment, self.generator)
+        labels = neg_labels or None
+        bounds = clamp_bounds(model, s)
+        for _ in range(s.steps - 1):  # K - 1 steps here; the K-th runs in the objective, once
+            state = evaluate(model, x, labels, s.precision)
+            noise = torch.randn(x.shape, generator=self.generator, device=self.device)
+            x = langevin_update(x, state.grad, s, noise, bounds)
+        step_noise = torch.randn(x.shape, generator=self.generator, device=self.device)
+        bank = None
+        if cfg.kl_ent and len(self.buffer) >= max(cfg.ent_min_buffer, 1):
+            bank, _ = self.buffer.sample(cfg.ent_bank, self.generator)
+        out = self.objective(x_pos, pos_labels or None, x, labels, step_noise, bank)
+        kl_terms = [out[k] for k in ("opt", "ent") if k in out]
+        loss = out["cd"] + sum(kl_terms)
+        e_diff = out["e_pos"] - out["e_neg"]
+        stats = {
+            "loss": float(loss.detach()),
+            "loss_cd": float(out["cd"].detach()),
+            "loss_opt": float(out["opt"].detach()) if "opt" in out else 0.0,
+            "loss_ent": float(out["ent"].detach()) if "ent" in out else 0.0,
+            "e_pos": float(out["e_pos"]),
+            "e_neg": float(out["e_neg"]),
+            "e_diff": float(e_diff),
+            "langevin_grad_norm": float(out["langevin_grad_norm"]),
+        }
+        self._check_health(stats)
+        logging = (self.step + 1) % cfg.log_every == 0
+        params = [p for p in model.parameters() if p.requires_grad]
+        if logging:  # gradient norms of L_CD and L_KL separately (the paper's figure of their magnitudes)
+            stats["grad_norm_cd"] = _grad_norm(out["cd"], params)
+            stats["grad_norm_kl"] = _grad_norm(sum(kl_terms), params) if kl_terms else 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip is not None:
+            total = nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        else:
+            total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        stats["grad_norm"] = float(total)
+        if not math.isfinite(stats["grad_norm"]):
+            raise _Fault(f"non-finite gradient norm {stats['grad_norm']}")
+        self.optimizer.step()
+        self._update_ema()
+        self.buffer.add(out["x_neg"], neg_labels, self.generator)
+        self.step += 1
+        stats["seconds"] = time.perf_counter() - t0
+        stats["images_per_second"] = cfg.batch_size * self.world_size / stats["seconds"]
+        return stats
+
+    def _check_health(self, stats: dict[str, float]) -> None:
+        reason = None
+        for key in ("loss", "e_pos", "e_neg"):
+            if not math.isfinite(stats[key]):
+                reason = f"non-finite {key} ({stats[key]})"
+                break
+        else:
+            if abs(stats["e_diff"]) > self.config.max_energy_diff:
+                reason = f"energy difference {stats['e_diff']:.4g} exceeds max_energy_diff {self.config.max_energy_diff:g}"
+        if self.distributed:  # every rank must take the same branch, or the next collective hangs
+            flag = torch.tensor([float(reason is not None)], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() and reason is None:
+                reason = "a fault on another rank"
+        if reason is not None:
+            raise _Fault(reason)
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        decay = self.config.ema_decay
+        for e, p in zip(self.ema.parameters(), self.energy.parameters()):
+            e.lerp_(p.detach(), 1.0 - decay)
+        for e, b in zip(self.ema.buffers(), self.energy.buffers()):
+            e.copy_(b)
+
+    # ----------------------------------------------------------------- the loop
+    def fit(self, steps: int | None = None) -> TrainingSummary:
+        """Train until ``steps`` iterations in total (default: ``config.steps``), resuming counts."""
+        total = self.config.steps if steps is None else steps
+        has_checkpoint = self._memory_checkpoint is not None or (
+            self.checkpoint_path is not None and self.checkpoint_path.is_file()
+        )
+        if self.step == 0 and not has_checkpoint:
+            self.save_checkpoint()  # the state to roll back to before the first good checkpoint
+        t_start, start_step = time.perf_counter(), self.step
+        while self.step < total:
+            try:
+                stats = self.train_step()
+            except _Fault as fault:
+                self._handle_fault(self.step + 1, fault.reason)
+                continue
+            if self.step % self.config.log_every == 0:
+                self._log({"step": self.step, **stats, "buffer": len(self.buffer), "rollbacks": self.rollbacks})
+            if self.step % self.config.checkpoint_every == 0 or self.step == total:
+                self.save_checkpoint()
+        done = self.step - start_step
+        return TrainingSummary(self.step, self.rollbacks, self.faults, (time.perf_counter() - t_start) / max(done, 1))
+
+    def _handle_fault(self, step: int, reason: str) -> None:
+        event = {"event": "fault", "step": step, "reason": reason}
+        stop = self.config.on_fault == "stop" or self.rollbacks >= self.config.max_rollbacks
+        event["action"] = "stop" if stop else "rollback"
+        self.faults.append(event)
+        self._log(event)
+        if stop:
+            raise TrainingDiverged(step, reason)
+        self.rollbacks += 1
+        rollbacks = self.rollbacks
+        self._restore(self._latest_checkpoint())
+        self.rollbacks = rollbacks
+        self.generator.manual_seed(self._seed(rollbacks))  # a new seed, so the same fault is not replayed
+        self._log({"event": "rolled_back", "to_step": self.step, "rollbacks": rollbacks})
+
+    # ------------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "step": self.step,
+            "rollbacks": self.rollbacks,
+            "model": unwrap(self.energy).state_dict(),
+            "ema": self.ema.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "buffer": self.buffer.state_dict(),
+            "rng": capture_rng_state(self.generator),
+            "trainer_config": json.dumps(self.config.to_dict()),
+        }
+
+    def save_checkpoint(self) -> None:
+        """Write the full training state atomically (rank 0); keep it in memory without ``out_dir``."""
+        if self.checkpoint_path is None:
+            self._memory_checkpoint = copy.deepcopy(self.state_dict())
+        elif self.rank == 0:
+            save_atomic(self.state_dict(), self.checkpoint_path)
+        if self.distributed:
+            dist.barrier()
+
+    def _latest_checkpoint(self) -> dict[str, Any] | None:
+        if self.checkpoint_path is None:
+            return self._memory_checkpoint
+        return load_checkpoint(self.checkpoint_path, self.device) if self.checkpoint_path.is_file() else None
+
+    def resume(self, path: str | Path | None = None) -> bool:
+        """Load ``path`` (default ``out_dir/checkpoint.pt``) if it exists; returns whether it did."""
+        path = Path(path) if path is not None else self.checkpoint_path
+        if path is None or not path.is_file():
+            return False
+        self._restore(load_checkpoint(path, self.device))
+        if self.out_dir is not None and self.rank == 0:
+            self._truncate_log(self.step)
+        return True
+
+    def _restore(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            raise RuntimeError("no checkpoint to restore")
+        unwrap(self.energy).load_state_dict(state["model"], strict=True)
+        self.ema.load_state_dict(state["ema"], strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.buffer.load_state_dict(state["buffer"])
+        restore_rng_state(state["rng"], self.generator)
+        self.step = int(state["step"])
+        self.rollbacks = int(state["rollbacks"])
+
+    # ----------------------------------------------------------------- logging
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.rank != 0 or self.out_dir is None:
+            return
+        with open(self.out_dir / self.LOG, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tensorboard is not None and "event" not in record:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tensorboard.add_scalar(key, value, record["step"])
+
+    def _truncate_log(self, step: int) -> None:
+        """Drop log records written after the checkpoint we resume from (they will be redone)."""
+        log = self.out_dir / self.LOG
+        if not log.is_file():
+            return
+        kept = [line for line in log.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
+        log.write_text("".join(line + "\n" for line in kept))
+
+
+class _Fault(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _grad_norm(loss: Tensor, params: list[Tensor]) -> float:
+    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    norms = [g.norm() for g in grads if g is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+def init_distributed() -> bool:
+    """Initialise torch.distributed from torchrun's environment variables; returns whether it did."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return dist.is_initialized()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, init_method="env://")
+    return True

@@ -1,0 +1,329 @@
+"""Trainer: buffer, losses (with an independent check of the L_opt gradient), resume, faults, DDP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from composable_ebm import Energy, MLPConfig, MLPEnergy, ResNetEnergy
+from composable_ebm.sampling import SamplerConfig
+from composable_ebm.training import (
+    ImprovedCDObjective,
+    ReplayBuffer,
+    Trainer,
+    TrainerConfig,
+    TrainingDiverged,
+    cd_loss,
+    entropy_loss,
+    load_checkpoint,
+    nearest_neighbour_distance,
+    save_atomic,
+)
+from tests.conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "train_worker.py"
+
+
+# ----------------------------------------------------------------------------- buffer
+def test_buffer_round_trip_is_exact_and_keeps_labels_with_samples():
+    buf = ReplayBuffer(50, (3, 4, 4), attributes=["color"], policy="fifo")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(20, 3, 4, 4)
+    labels = {"color": torch.arange(20) % 3}
+    buf.add(x, labels, gen)
+    got, got_labels = buf.sample(200, gen)
+    # every sample read back is bit-identical to a stored one, with the label stored with it
+    match = (got.flatten(1)[:, None] == x.flatten(1)[None]).all(-1)  # (200, 20)
+    assert match.any(1).all()
+    idx = match.float().argmax(1)
+    assert torch.equal(got_labels["color"], labels["color"][idx])
+    # many round trips through the buffer change nothing (no quantisation drift)
+    y = x.clone()
+    for _ in range(10):
+        b = ReplayBuffer(20, (3, 4, 4), policy="fifo")
+        b.add(y, None, gen)
+        y = b.samples[: b.size].clone()
+    assert torch.equal(y, x)
+
+
+def test_buffer_respects_capacity_and_fifo_keeps_the_newest():
+    buf = ReplayBuffer(10, (2,), policy="fifo")
+    gen = torch.Generator().manual_seed(0)
+    for i in range(5):
+        buf.add(torch.full((4, 2), float(i)), None, gen)
+    assert len(buf) == 10
+    assert sorted(buf.samples[:, 0].tolist()) == [2.0, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0, 4.0, 4.0, 4.0]
+
+
+def test_reservoir_buffer_holds_a_uniform_sample_of_everything_seen():
+    buf = ReplayBuffer(1000, (1,), policy="reservoir")
+    gen = torch.Generator().manual_seed(0)
+    for i in range(20):  # 20 batches of 500 items, tagged by batch
+        buf.add(torch.full((500, 1), float(i)), None, gen)
+    counts = torch.bincount(buf.samples[:, 0].long(), minlength=20).float()
+    assert len(buf) == 1000
+    # each batch should hold ~50 of the 1000 slots; early batches are not crowded out
+    assert counts.min() > 25 and counts.max() < 80
+
+
+def test_buffer_state_dict_round_trip():
+    gen = torch.Generator().manual_seed(0)
+    buf = ReplayBuffer(8, (2,), attributes=["a"])
+    buf.add(torch.randn(5, 2), {"a": torch.arange(5)}, gen)
+    other = ReplayBuffer(8, (2,), attributes=["a"])
+    other.load_state_dict(buf.state_dict())
+    assert len(other) == 5 and other.seen == 5
+    assert torch.equal(other.samples, buf.samples) and torch.equal(other.labels["a"], buf.labels["a"])
+    with pytest.raises(ValueError, match="does not match"):
+        ReplayBuffer(9, (2,), attributes=["a"]).load_state_dict(buf.state_dict())
+
+
+# ----------------------------------------------------------------------------- losses
+def test_cd_loss_formula():
+    e_pos, e_neg = torch.tensor([1.0, 2.0]), torch.tensor([0.5, -0.5])
+    assert float(cd_loss(e_pos, e_neg, 0.0)) == pytest.approx(1.5)
+    assert float(cd_loss(e_pos, e_neg, 2.0)) == pytest.approx(1.5 + 2.0 * (2.5 + 0.25))
+
+
+def test_nearest_neighbour_distance_matches_brute_force():
+    x, bank = torch.randn(7, 3, 4, 4), torch.randn(11, 3, 4, 4)
+    brute = (x.flatten(1)[:, None] - bank.flatten(1)[None]).norm(dim=-1).min(1).values
+    torch.testing.assert_close(nearest_neighbour_distance(x, bank), brute, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(entropy_loss(x, bank), -torch.log(brute).mean(), rtol=1e-4, atol=1e-4)
+
+
+def _tiny_mlp() -> MLPEnergy:
+    torch.manual_seed(0)
+    return MLPEnergy(MLPConfig(hidden=8, depth=2)).double()
+
+
+def test_opt_loss_gradient_matches_finite_differences_through_the_last_langevin_step():
+    """d/dθ E_{θ0}(x - η dE_θ/dx(x) + σω), by central differences in one parameter, equals autograd's L_opt gradient."""
+    model = _tiny_mlp()
+    eta, sigma = 0.3, 0.05
+    cfg = TrainerConfig(
+        sampler=SamplerConfig(step_size=eta, noise=sigma, steps=1), kl_ent=False, cd_l2=0.0, chain_augment=None
+    )
+    objective = ImprovedCDObjective(model, cfg)
+    x_prev = torch.randn(6, 2, dtype=torch.float64)
+    noise = torch.randn(6, 2, dtype=torch.float64)
+    out = objective(torch.randn(6, 2, dtype=torch.float64), None, x_prev, None, noise, None)
+    param = model.net[2].weight  # a hidden layer's weight
+    (grad,) = torch.autograd.grad(out["opt"], param)
+
+    frozen = _tiny_mlp()
+    frozen.load_state_dict(model.state_dict())
+
+    def l_opt_with(theta_entry: float, i: int, j: int) -> float:
+        probe = _tiny_mlp()
+        probe.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            probe.net[2].weight[i, j] = theta_entry
+        _, g = probe.energy_and_grad(x_prev)  # dE_θ/dx at x_prev
+        x_hat = x_prev - eta * g + sigma * noise
+        with torch.no_grad():
+            return float(frozen(x_hat).mean())  # energy under the frozen (original) parameters
+
+    eps = 1e-5
+    for i, j in [(0, 0), (3, 5), (7, 2)]:
+        w = float(param[i, j].detach())
+        fd = (l_opt_with(w + eps, i, j) - l_opt_with(w - eps, i, j)) / (2 * eps)
+        assert float(grad[i, j]) == pytest.approx(fd, rel=1e-5, abs=1e-8)
+    assert grad.abs().sum() > 0
+
+
+def test_opt_loss_does_not_differentiate_the_outer_energy():
+    """With the last step's gradient detached, L_opt has no parameter gradient: E is frozen."""
+    model = _tiny_mlp()
+    from composable_ebm.training import opt_loss
+
+    x = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    loss = opt_loss(model, x)
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    assert all(g is None for g in grads)
+    assert all(p.requires_grad for p in model.parameters())
+
+
+class CountingEnergy(MLPEnergy):
+    """Counts input-gradient evaluations (Langevin steps)."""
+
+    grad_calls = 0
+
+    def energy_and_grad(self, x, labels=None, create_graph=False):
+        CountingEnergy.grad_calls += 1
+        return super().energy_and_grad(x, labels, create_graph)
+
+
+@pytest.mark.parametrize("kl", [True, False])
+def test_each_langevin_step_is_computed_once(kl):
+    CountingEnergy.grad_calls = 0
+    model = CountingEnergy(MLPConfig(hidden=8, depth=2))
+    cfg = TrainerConfig(
+        steps=1, batch_size=4, sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=7), chain_augment=None,
+        kl_opt=kl, kl_ent=kl, log_every=1000,
+    )
+    trainer = Trainer(model, torch.randn(32, 2), cfg)
+    trainer.train_step()
+    assert CountingEnergy.grad_calls == 7
+
+
+# ----------------------------------------------------------------------------- trainer
+def small_config(**overrides) -> TrainerConfig:
+    base = dict(
+        steps=6, batch_size=8, sampler=SamplerConfig(step_size=10.0, noise=0.005, steps=3), buffer_size=32,
+        ent_bank=8, ent_min_buffer=8, log_every=2, checkpoint_every=3, ema_decay=0.5,
+    )
+    base.update(overrides)
+    return TrainerConfig(**base)
+
+
+class Data:
+    def __init__(self, n: int = 48) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.images = torch.rand(n, 3, 8, 8, generator=g)
+        self.labels = {"color": torch.randint(0, 3, (n,), generator=g)}
+
+
+def test_training_logs_health_and_both_gradient_norms(tmp_path):
+    model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")}))
+    trainer = Trainer(model, Data(), small_config(), out_dir=tmp_path)
+    summary = trainer.fit()
+    assert summary.steps == 6 and summary.rollbacks == 0
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 6]
+    for r in records:
+        for key in ("e_pos", "e_neg", "e_diff", "grad_norm_cd", "grad_norm_kl", "langevin_grad_norm", "images_per_second"):
+            assert key in r and r[key] == r[key]  # present and not NaN
+        assert r["grad_norm_kl"] > 0 and r["grad_norm_cd"] > 0  # the KL gradient is real on logging steps
+    # the EMA moved away from the initial weights, towards the trained ones
+    assert any(not torch.equal(e, p) for e, p in zip(trainer.ema.parameters(), model.parameters()))
+
+
+def test_ablation_switches_remove_the_kl_terms(tmp_path):
+    model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")}))
+    cfg = small_config(kl_opt=False, kl_ent=False, chain_augment=None)
+    trainer = Trainer(model, Data(), cfg, out_dir=tmp_path)
+    trainer.fit()
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert all(r["loss_opt"] == 0.0 and r["loss_ent"] == 0.0 and r["grad_norm_kl"] == 0.0 for r in records)
+
+
+def test_checkpoints_load_with_weights_only_and_hold_the_full_state(tmp_path):
+    model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")}))
+    Trainer(model, Data(), small_config(), out_dir=tmp_path).fit()
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert state["step"] == 6
+    assert {"model", "ema", "optimizer", "buffer", "rng"} <= set(state)
+    assert state["buffer"]["samples"].shape == (32, 3, 8, 8)
+    assert {"generator", "torch", "numpy", "python"} <= set(state["rng"])
+
+
+def test_failed_save_leaves_the_previous_checkpoint_intact(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    save_atomic({"step": 1, "w": torch.ones(3)}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("cannot pickle")
+
+    with pytest.raises(RuntimeError, match="cannot pickle"):
+        save_atomic({"step": 2, "bad": Unpicklable()}, path)
+    assert load_checkpoint(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temp file left behind
+
+
+def test_sigkilled_run_resumes_to_bit_identical_weights(tmp_path):
+    """Kill -9 at step 10 (last checkpoint: step 8), resume, and end where an uninterrupted run ends."""
+    run = [sys.executable, str(WORKER)]
+    subprocess.run([*run, str(tmp_path / "straight"), "12"], check=True, cwd=ROOT)
+    killed = subprocess.run([*run, str(tmp_path / "killed"), "12", "--kill-at", "10"], cwd=ROOT)
+    assert killed.returncode == -9
+    assert load_checkpoint(tmp_path / "killed" / "checkpoint.pt")["step"] == 8
+    subprocess.run([*run, str(tmp_path / "killed"), "12", "--resume"], check=True, cwd=ROOT)
+    a = load_file(tmp_path / "straight" / "final-rank0.safetensors")
+    b = load_file(tmp_path / "killed" / "final-rank0.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log = [json.loads(line) for line in (tmp_path / "killed" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [3, 6, 9, 12]  # records after the checkpoint were redone once
+
+
+class FlakyEnergy(MLPEnergy):
+    """Returns NaN energies on one chosen call: a fault injected mid-training."""
+
+    calls = 0
+    poison_call = -1
+
+    def energy(self, x, labels):
+        FlakyEnergy.calls += 1
+        e = super().energy(x, labels)
+        return e * float("nan") if FlakyEnergy.calls == FlakyEnergy.poison_call else e
+
+
+def _flaky_trainer(tmp_path, on_fault: str) -> Trainer:
+    FlakyEnergy.calls = 0
+    # each iteration evaluates the energy 6 times (2 chain steps, the last step, E(x+), E(x-), frozen E(x^)),
+    # so call 40 falls in iteration 7
+    FlakyEnergy.poison_call = 40
+    torch.manual_seed(0)
+    model = FlakyEnergy(MLPConfig(hidden=16, depth=2))
+    cfg = TrainerConfig(
+        steps=12, batch_size=8, sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=3), chain_augment=None,
+        buffer_size=64, ent_bank=8, ent_min_buffer=8, log_every=1, checkpoint_every=4, on_fault=on_fault,
+    )
+    return Trainer(model, torch.randn(64, 2), cfg, out_dir=tmp_path)
+
+
+def test_injected_nan_is_reported_and_rolled_back(tmp_path):
+    trainer = _flaky_trainer(tmp_path, "rollback")
+    summary = trainer.fit()
+    assert summary.steps == 12 and summary.rollbacks == 1
+    fault = summary.faults[0]
+    assert fault["action"] == "rollback" and "non-finite" in fault["reason"] and fault["step"] == 7
+    events = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    rolled = next(e for e in events if e.get("event") == "rolled_back")
+    assert rolled["to_step"] == 4
+    assert all(torch.isfinite(p).all() for p in trainer.energy.parameters())
+
+
+def test_injected_nan_stops_training_when_asked(tmp_path):
+    trainer = _flaky_trainer(tmp_path, "stop")
+    with pytest.raises(TrainingDiverged, match="step 7: non-finite"):
+        trainer.fit()
+
+
+def test_data_without_the_conditioned_labels_is_rejected():
+    model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green")}))
+    with pytest.raises(ValueError, match=r"no labels for \['color'\]"):
+        Trainer(model, torch.rand(8, 3, 8, 8), small_config())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_gloo_processes_keep_identical_weights(tmp_path):
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+        "--master_addr=127.0.0.1", str(WORKER), str(tmp_path), "6",
+    ]
+    subprocess.run(cmd, check=True, cwd=ROOT, timeout=300)
+    r0 = load_file(tmp_path / "final-rank0.safetensors")
+    r1 = load_file(tmp_path / "final-rank1.safetensors")
+    model_keys = [k for k in r0 if k.startswith("model.")]
+    assert all(torch.equal(r0[k], r1[k]) for k in model_keys)
+    # the ranks trained on different samples, so agreement comes from gradient averaging, not luck
+    init = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")})).state_dict()
+    assert any(not torch.equal(r0[f"model.{k}"], v) for k, v in init.items() if v.is_floating_point())
+    assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 6
+    assert isinstance(ResNetEnergy, type) and issubclass(ResNetEnergy, Energy)
