@@ -1,0 +1,59 @@
+"""Training-health curves from the trainer's JSONL log (the paper's Figures 3 and 4 in spirit).
+
+Top: the energy difference ``E(x+) - E(x-)`` (stable training keeps it near zero). Bottom:
+the gradient norms of ``L_CD`` and ``L_KL`` (the paper's comparison of their magnitudes).
+Faults and rollbacks are marked with vertical lines.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from composable_ebm.images import save_png  # noqa: E402
+
+
+def read_log(path: str | Path) -> list[dict]:
+    """Records of a ``log.jsonl`` (a run folder or the file itself)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "log.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no training log at {path}")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_training_health(log: str | Path, out: str | Path, title: str | None = None) -> Path:
+    """Draw the health curves of a run's log to a PNG; returns the written path."""
+    from PIL import Image
+
+    records = read_log(log)
+    steps = [r for r in records if "e_diff" in r]
+    if not steps:
+        raise ValueError(f"{log} holds no training records yet")
+    faults = [r for r in records if r.get("event") == "fault"]
+    x = [r["step"] for r in steps]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    top.plot(x, [r["e_diff"] for r in steps], color="tab:blue", lw=1.2)
+    top.axhline(0.0, color="gray", lw=0.8, ls="--")
+    top.set_ylabel("E(x+) - E(x-)")
+    top.set_title(title or "training health")
+    if any("grad_norm_cd" in r for r in steps):
+        bottom.semilogy(x, [max(r.get("grad_norm_cd", 0.0), 1e-12) for r in steps], label="|grad L_CD|", lw=1.2)
+        bottom.semilogy(x, [max(r.get("grad_norm_kl", 0.0), 1e-12) for r in steps], label="|grad L_KL|", lw=1.2)
+        bottom.legend(loc="best")
+    bottom.set_ylabel("gradient norm")
+    bottom.set_xlabel("step")
+    for f in faults:
+        for ax in (top, bottom):
+            ax.axvline(f["step"], color="tab:red", lw=0.8, alpha=0.7)
+    fig.tight_layout()
+    fig.canvas.draw()
+    image = Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("RGB")
+    plt.close(fig)
+    return save_png(image, out)

@@ -1,0 +1,177 @@
+"""Evaluation: classifier and compositional accuracy, AUROC, FID closed forms, IS, plots, model save/load."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from composable_ebm import GaussianEnergy, MLPConfig, MLPEnergy, ResNetEnergy
+from composable_ebm.data import shapes
+from composable_ebm.evaluation import (
+    AttributeClassifier,
+    ClassifierConfig,
+    InceptionV3Features,
+    attribute_accuracy,
+    auroc,
+    compositional_accuracy,
+    fid,
+    frechet_distance,
+    gaussian_stats,
+    inception_score_from_probs,
+    ood_auroc,
+    plot_training_health,
+    train_classifier,
+)
+from composable_ebm.hub import load_model, save_model
+from composable_ebm.images import save_image_grid
+from composable_ebm.sampling import AugmentConfig, SamplerConfig
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def trained_classifier():
+    train = shapes(3000, 16, seed=0, split="all")
+    torch.manual_seed(0)
+    clf = AttributeClassifier(ClassifierConfig(name="shapes-classifier", image_size=16, width=16, attributes=train.attributes))
+    train_classifier(clf, train.images, train.labels, steps=200, batch_size=64)
+    return clf
+
+
+def test_attribute_classifier_exceeds_98_percent_on_unseen_shapes_images(trained_classifier):
+    test = shapes(1000, 16, seed=1, split="all")
+    acc = attribute_accuracy(trained_classifier, test.images, test.labels)
+    assert min(acc.values()) > 0.98, acc
+
+
+def test_compositional_accuracy_counts_attributes_and_joint_hits(trained_classifier):
+    red_circles = shapes(100, 16, seed=5, holdout=[{"color": "red", "shape": "circle"}], split="heldout")
+    score = compositional_accuracy(red_circles.images, trained_classifier, {"color": "red", "shape": "circle"})
+    assert score.per_attribute["color"] > 0.95 and score.per_attribute["shape"] > 0.95 and score.joint > 0.9
+    blue_circles = compositional_accuracy(red_circles.images, trained_classifier, {"color": "blue", "shape": "circle"})
+    assert blue_circles.per_attribute["color"] < 0.05 and blue_circles.joint < 0.05
+    assert blue_circles.per_attribute["shape"] > 0.95
+    with pytest.raises(ValueError, match="valid values"):
+        compositional_accuracy(red_circles.images, trained_classifier, {"color": "pink"})
+
+
+def test_classifier_round_trips_through_config_and_safetensors(trained_classifier, tmp_path):
+    save_model(trained_classifier, tmp_path / "clf")
+    loaded = load_model(tmp_path / "clf")
+    x = shapes(20, 16, seed=9).images
+    torch.testing.assert_close(loaded(x)["shape"], trained_classifier.eval()(x)["shape"])
+    assert json.loads((tmp_path / "clf" / "config.json").read_text())["model_type"] == "attribute_classifier"
+
+
+def test_auroc_of_perfect_random_and_inverted_scorers():
+    assert auroc(torch.tensor([2.0, 3.0, 4.0]), torch.tensor([0.0, 1.0])) == 1.0
+    assert auroc(torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0, 4.0])) == 0.0
+    assert auroc(torch.ones(5), torch.ones(7)) == 0.5  # all ties
+    g = torch.Generator().manual_seed(0)
+    random = auroc(torch.rand(4000, generator=g), torch.rand(4000, generator=g))
+    assert abs(random - 0.5) < 0.03
+    # separated Gaussians: AUROC = Phi(d / sqrt(2))
+    a, b = torch.randn(20000, generator=g) + 1.0, torch.randn(20000, generator=g)
+    assert auroc(a, b) == pytest.approx(0.5 * (1 + math.erf(1.0 / 2)), abs=0.01)
+
+
+def test_ood_auroc_uses_minus_energy():
+    energy = GaussianEnergy(torch.zeros(2), torch.eye(2))
+    g = torch.Generator().manual_seed(0)
+    x_in, x_out = torch.randn(500, 2, generator=g), torch.randn(500, 2, generator=g) * 0.1 + 6.0
+    assert ood_auroc(energy, x_in, x_out) == 1.0
+    assert ood_auroc(energy, x_out, x_in) == 0.0
+
+
+def test_fid_of_identical_sets_is_zero_and_shifted_gaussians_give_the_closed_form():
+    g = torch.Generator().manual_seed(0)
+    f = torch.randn(5000, 8, generator=g, dtype=torch.float64)
+    m, c = gaussian_stats(f)
+    assert abs(frechet_distance(m, c, m, c)) < 1e-8
+    shift = torch.tensor([1.0, -2.0, 0, 0, 0, 0, 0, 0.5], dtype=torch.float64)
+    assert frechet_distance(m, c, m + shift, c) == pytest.approx(float(shift.pow(2).sum()), abs=1e-8)
+    # diagonal covariances: sum (sqrt(a) - sqrt(b))^2 on top of the mean term
+    ca, cb = torch.diag(torch.tensor([1.0, 4.0, 9.0])), torch.diag(torch.tensor([4.0, 1.0, 1.0]))
+    expected = 1.0 + 1.0 + 4.0
+    assert frechet_distance(torch.zeros(3), ca, torch.zeros(3), cb) == pytest.approx(expected, abs=1e-8)
+
+
+def test_fid_with_a_pluggable_feature_network_is_zero_for_the_same_images_and_grows_with_difference():
+    torch.manual_seed(0)
+    feat = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten())
+    a = shapes(200, 16, seed=0).images
+    b = shapes(200, 16, seed=1).images
+    noise = torch.rand(200, 3, 16, 16)
+    same = fid(a, a, feat)
+    near, far = fid(a, b, feat), fid(a, noise, feat)
+    assert abs(same) < 1e-6 and near < far
+
+
+def test_inception_score_bounds():
+    k = 10
+    confident_uniform = torch.eye(k).repeat(50, 1)  # each image sure, classes balanced: IS = K
+    assert inception_score_from_probs(confident_uniform, splits=5)[0] == pytest.approx(k, rel=1e-6)
+    assert inception_score_from_probs(torch.full((100, k), 1 / k), splits=5)[0] == pytest.approx(1.0)
+
+
+def test_inception_features_need_weights_and_load_them_strictly(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    with pytest.raises(FileNotFoundError, match="Inception v3 weights"):
+        InceptionV3Features()
+    from torchvision.models import inception_v3
+
+    torch.manual_seed(0)
+    net = inception_v3(weights=None, aux_logits=False, init_weights=False)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, tmp_path / "inception.safetensors")
+    features = InceptionV3Features(tmp_path / "inception.safetensors")
+    with torch.no_grad():
+        f = features(torch.rand(2, 3, 32, 32))
+        p = features.probabilities(torch.rand(2, 3, 32, 32))
+    assert f.shape == (2, 2048) and p.shape == (2, 1000)
+    torch.testing.assert_close(p.sum(1), torch.ones(2))
+    state = {k: v.contiguous() for k, v in net.state_dict().items() if not k.startswith("fc.")}
+    save_file(state, tmp_path / "partial.safetensors")
+    with pytest.raises(RuntimeError, match="Missing key"):
+        InceptionV3Features(tmp_path / "partial.safetensors")
+
+
+def test_training_health_plot_and_image_grid_are_written(tmp_path):
+    log = tmp_path / "log.jsonl"
+    records = [{"step": s, "e_diff": 0.1 * s, "grad_norm_cd": 1.0 + s, "grad_norm_kl": 0.5} for s in range(1, 20)]
+    records.insert(5, {"event": "fault", "step": 6, "reason": "non-finite loss", "action": "rollback"})
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = plot_training_health(tmp_path, tmp_path / "health.png")
+    with Image.open(out) as im:
+        assert im.size[0] > 300 and im.size[1] > 300
+    grid = save_image_grid(shapes(16, 8, seed=0).images, tmp_path / "grid.png", nrow=4)
+    with Image.open(grid) as im:
+        assert im.size == (4 * 8 + 5 * 2, 4 * 8 + 5 * 2)
+    with pytest.raises(ValueError, match="no training records"):
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "empty" / "log.jsonl").write_text("")
+        plot_training_health(tmp_path / "empty", tmp_path / "x.png")
+
+
+def test_energy_models_round_trip_with_their_sampler_settings(tmp_path):
+    model = ResNetEnergy(tiny_config(name="color", attributes={"color": ("red", "green")}))
+    model.sampler_config = SamplerConfig(step_size=7.0, steps=9, augment=AugmentConfig(crop_scale=(0.3, 1.0)))
+    save_model(model, tmp_path / "m")
+    loaded = load_model(tmp_path / "m")
+    assert loaded.config == model.config and loaded.sampler_config == model.sampler_config
+    x = torch.rand(3, 3, 8, 8)
+    torch.testing.assert_close(loaded(x), model.eval()(x))
+    # strict loading: a missing tensor is an error, not a silent default
+    from safetensors.torch import load_file
+
+    weights = load_file(tmp_path / "m" / "model.safetensors")
+    weights.pop(next(iter(weights)))
+    save_file(weights, tmp_path / "m" / "model.safetensors")
+    with pytest.raises(RuntimeError, match="Missing key"):
+        load_model(tmp_path / "m")
+    mlp = MLPEnergy(MLPConfig())
+    save_model(mlp, tmp_path / "mlp")
+    assert load_model(tmp_path / "mlp").sampler_config is None
