@@ -54,6 +54,8 @@ def _from_plain(tp: Any, value: Any, where: str) -> Any:
         args = [a for a in get_args(tp) if a is not type(None)]
         if value is None:
             return None
+        if value is False and len(args) == 1 and dataclasses.is_dataclass(args[0]):
+            return None  # TOML has no null: `table = false` switches an optional table off
         return _from_plain(args[0], value, where) if len(args) == 1 else value
     if origin is typing.Literal:
         if value not in get_args(tp):

@@ -10,12 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-
-from composable_ebm.images import save_png  # noqa: E402
+from composable_ebm.images import save_png
 
 
 def read_log(path: str | Path) -> list[dict]:
@@ -30,6 +25,10 @@ def read_log(path: str | Path) -> list[dict]:
 
 def plot_training_health(log: str | Path, out: str | Path, title: str | None = None) -> Path:
     """Draw the health curves of a run's log to a PNG; returns the written path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
     from PIL import Image
 
     records = read_log(log)

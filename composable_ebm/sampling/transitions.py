@@ -27,7 +27,7 @@ class SamplerConfig:
     """
 
     step_size: float = 500.0  # lambda in x <- x - lambda * dE/dx + noise * N(0, 1)
-    noise: float | None = 0.001  # std of the added noise; None: sqrt(2 * step_size) (exact Langevin)
+    noise: float | None = 0.001  # std of the added noise; None or "exact": sqrt(2 * step_size) (exact Langevin)
     steps: int = 40  # K: Langevin steps per round
     rounds: int = 1  # N: rounds of [augmentation, K steps] (Algorithm 2)
     final_steps: int = 0  # plain steps after the last round
@@ -37,6 +37,8 @@ class SamplerConfig:
     precision: Precision = "float32"  # bfloat16: energy and gradient under autocast, update in float32
 
     def __post_init__(self) -> None:
+        if self.noise == "exact":  # spelling for recipe files, which have no null
+            object.__setattr__(self, "noise", None)
         if not self.step_size > 0:
             raise ValueError(f"step_size must be > 0, got {self.step_size}")
         if self.noise is not None and self.noise < 0:

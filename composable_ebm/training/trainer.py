@@ -19,7 +19,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -344,8 +344,13 @@ class Trainer:
             e.copy_(b)
 
     # ----------------------------------------------------------------- the loop
-    def fit(self, steps: int | None = None) -> TrainingSummary:
-        """Train until ``steps`` iterations in total (default: ``config.steps``), resuming counts."""
+    def fit(
+        self, steps: int | None = None, callback: Callable[[int, dict[str, float]], None] | None = None
+    ) -> TrainingSummary:
+        """Train until ``steps`` iterations in total (default: ``config.steps``), resuming counts.
+
+        ``callback(step, stats)`` runs after every successful iteration (e.g. a progress bar).
+        """
         total = self.config.steps if steps is None else steps
         has_checkpoint = self._memory_checkpoint is not None or (
             self.checkpoint_path is not None and self.checkpoint_path.is_file()
@@ -359,6 +364,8 @@ class Trainer:
             except _Fault as fault:
                 self._handle_fault(self.step + 1, fault.reason)
                 continue
+            if callback is not None:
+                callback(self.step, stats)
             if self.step % self.config.log_every == 0:
                 self._log({"step": self.step, **stats, "buffer": len(self.buffer), "rollbacks": self.rollbacks})
             if self.step % self.config.checkpoint_every == 0 or self.step == total:

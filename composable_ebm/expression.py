@@ -1,0 +1,135 @@
+"""Parse composition expressions such as ``"color[color=red] + 2*shape[shape=circle] - 0.5*shape[shape=square]"``.
+
+Grammar (lowest precedence first)::
+
+    expr    := sum ('|' sum)*                      disjunction
+    sum     := ['-'] product (('+' | '-') product)*
+    product := NUMBER '*' product | factor ('*' NUMBER | '/' NUMBER)*
+    factor  := MODEL ['[' attr=value (',' attr=value)* ']'] | '(' expr ')'
+
+``MODEL`` is anything :func:`composable_ebm.hub.load_model` accepts (a folder, a bundled
+name, ``org/name``). A ``-`` or ``/`` inside a name belongs to the name (paths, Hub ids), so
+write the minus and division operators with spaces around them. Each model is loaded once, however often it appears.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from composable_ebm.energy import Energy
+
+_TOKEN = re.compile(
+    r"\s*(?:(?P<number>\d+\.\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)(?![A-Za-z_/~-])"
+    r"|(?P<name>(?:[A-Za-z0-9_.~]|/(?=[A-Za-z0-9_.~]))[A-Za-z0-9_./~-]*)|(?P<op>[-+*/|()\[\],=]))"
+)
+
+
+def _tokenize(text: str) -> list[tuple[str, str]]:
+    tokens, pos = [], 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise ValueError(f"cannot parse {text!r} at position {pos}: {text[pos:pos + 10]!r}")
+        kind = m.lastgroup
+        tokens.append((kind, m.group(kind)))
+        pos = m.end()
+    return tokens
+
+
+class _Parser:
+    def __init__(self, text: str, load: Callable[[str], Energy]) -> None:
+        self.text = text
+        self.tokens = _tokenize(text)
+        self.i = 0
+        self.load = load
+        self.cache: dict[str, Energy] = {}
+
+    def peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self, value: str | None = None, kind: str | None = None) -> str:
+        tok = self.peek()
+        if tok is None or (value is not None and tok[1] != value) or (kind is not None and tok[0] != kind):
+            want = value or kind
+            got = "the end" if tok is None else repr(tok[1])
+            raise ValueError(f"in {self.text!r}: expected {want}, found {got}")
+        self.i += 1
+        return tok[1]
+
+    def at(self, value: str) -> bool:
+        tok = self.peek()
+        return tok is not None and tok[0] == "op" and tok[1] == value
+
+    def parse(self) -> Energy:
+        result = self.expr()
+        if self.peek() is not None:
+            raise ValueError(f"in {self.text!r}: unexpected {self.peek()[1]!r}")
+        return result
+
+    def expr(self) -> Energy:
+        result = self.sum()
+        while self.at("|"):
+            self.take("|")
+            result = result | self.sum()
+        return result
+
+    def sum(self) -> Energy:
+        negate = self.at("-")
+        if negate:
+            self.take("-")
+        result = self.product()
+        if negate:
+            result = -result
+        while self.at("+") or self.at("-"):
+            op = self.take()
+            term = self.product()
+            result = result + term if op == "+" else result - term
+        return result
+
+    def product(self) -> Energy:
+        tok = self.peek()
+        if tok is not None and tok[0] == "number":
+            weight = float(self.take())
+            self.take("*")
+            return weight * self.product()
+        result = self.factor()
+        while self.at("*") or self.at("/"):
+            op = self.take()
+            number = float(self.take(kind="number"))
+            result = result * number if op == "*" else result / number
+        return result
+
+    def factor(self) -> Energy:
+        if self.at("("):
+            self.take("(")
+            inner = self.expr()
+            self.take(")")
+            return inner
+        name = self.take(kind="name")
+        if name not in self.cache:
+            self.cache[name] = self.load(name)
+        energy = self.cache[name]
+        if self.at("["):
+            self.take("[")
+            bindings: dict[str, str] = {}
+            while True:
+                attr = self.take(kind="name")
+                self.take("=")
+                tok = self.peek()
+                bindings[attr] = self.take(kind="number" if tok is not None and tok[0] == "number" else "name")
+                if self.at(","):
+                    self.take(",")
+                    continue
+                break
+            self.take("]")
+            energy = energy.condition(**bindings)
+        return energy
+
+
+def parse_expression(text: str, load: Callable[[str], Energy]) -> Energy:
+    """Build the composite energy an expression describes, loading models with ``load``."""
+    if not text.strip():
+        raise ValueError("empty composition expression")
+    return _Parser(text, load).parse()

@@ -1,0 +1,162 @@
+"""The `cebm` command line, through typer's CliRunner, on tiny recipes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from composable_ebm.cli import app
+from composable_ebm.evaluation import AttributeClassifier, ClassifierConfig
+from composable_ebm.expression import parse_expression
+from composable_ebm.hub import load_model, save_model
+from composable_ebm.recipes import build_dataset, build_model, load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY_RECIPE = """
+[model]
+name = "{name}"
+stem_channels = 8
+groups = 4
+blocks = [{{ channels = 8 }}, {{ channels = 8, down = true }}, {{ kind = "attention" }}, {{ channels = 16, down = true }}]
+
+[data]
+dataset = "shapes"
+attributes = ["{attribute}"]
+n = 200
+size = 8
+
+[trainer]
+steps = 4
+batch_size = 8
+buffer_size = 64
+ent_bank = 8
+ent_min_buffer = 8
+log_every = 2
+checkpoint_every = 2
+
+[trainer.sampler]
+step_size = 10.0
+steps = 3
+
+[sampling]
+step_size = 10.0
+steps = 2
+rounds = 2
+
+[sampling.augment]
+crop_scale = [0.5, 1.0]
+"""
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for name, attribute in (("color", "color"), ("shape", "shape")):
+        recipe = root / f"{name}.toml"
+        recipe.write_text(TINY_RECIPE.format(name=name, attribute=attribute))
+        invoke("train", recipe, "--out", root / name, "--no-progress")
+    return root
+
+
+def test_train_writes_model_checkpoint_log_card_and_health_plot(trained):
+    run = trained / "color"
+    for name in ("checkpoint.pt", "log.jsonl", "health.png", "model/config.json", "model/model.safetensors", "model/README.md"):
+        assert (run / name).is_file(), name
+    model = load_model(run / "model")
+    assert model.attributes == {"color": ("red", "green", "blue")}
+    assert model.sampler_config.rounds == 2 and model.sampler_config.augment.crop_scale == (0.5, 1.0)
+    card = (run / "model" / "README.md").read_text()
+    assert "library_name: composable_ebm" in card and "`color`: `red`, `green`, `blue`" in card
+
+
+def test_train_resumes_and_extends(trained):
+    recipe = trained / "color.toml"
+    result = invoke("train", recipe, "--out", trained / "color", "--steps", "6", "--no-progress")
+    assert "resumed from step 4" in result.output and "trained 6 steps" in result.output
+
+
+def test_sample_and_compose_write_grids(trained, tmp_path):
+    invoke("sample", trained / "color" / "model", "-n", "4", "-c", "color=red", "-o", tmp_path / "s.png",
+           "--chain", tmp_path / "chain.png", "--seed", "1")
+    with Image.open(tmp_path / "s.png") as im:
+        assert im.size == (2 * 8 + 3 * 2, 2 * 8 + 3 * 2)
+    assert (tmp_path / "chain.png").is_file()
+    expr = f"{trained / 'color' / 'model'}[color=red] + 2*{trained / 'shape' / 'model'}[shape=circle]"
+    result = invoke("compose", expr, "-n", "4", "-o", tmp_path / "c.png", "--steps", "2")
+    assert "(color[red] + 2.0 * shape[circle])" in result.output
+    assert (tmp_path / "c.png").is_file()
+
+
+def test_compose_reports_bad_attributes_clearly(trained, tmp_path):
+    result = runner.invoke(app, ["compose", f"{trained / 'color' / 'model'}[color=pink]", "-o", str(tmp_path / "x.png")])
+    assert result.exit_code == 2 and "valid values: ['red', 'green', 'blue']" in result.output
+
+
+def test_plot_info_and_eval(trained, tmp_path):
+    invoke("plot", trained / "color", "-o", tmp_path / "h.png")
+    assert (tmp_path / "h.png").is_file()
+    info = json.loads(invoke("info", trained / "color" / "model").output)
+    assert info["model_type"] == "resnet_energy" and info["config"]["attributes"] == {"color": ["red", "green", "blue"]}
+    torch.manual_seed(0)
+    clf = AttributeClassifier(ClassifierConfig(image_size=8, width=8, attributes={"color": ("red", "green", "blue")}))
+    save_model(clf, tmp_path / "clf")
+    out = invoke("eval", "compose", f"{trained / 'color' / 'model'}[color=red]", "--classifier", tmp_path / "clf",
+                 "-t", "color=red", "-n", "8", "--steps", "1")
+    score = json.loads(out.output)
+    assert set(score["per_attribute"]) == {"color"} and 0.0 <= score["joint"] <= 1.0 and score["n"] == 8
+    ood = json.loads(invoke("eval", "ood", trained / "color" / "model", "--in", "shapes", "--out", "noise", "-n", "32").output)
+    assert 0.0 <= ood["auroc"] <= 1.0
+
+
+def test_expression_grammar_matches_the_algebra(trained):
+    color = load_model(trained / "color" / "model")
+    shape = load_model(trained / "shape" / "model")
+    models = {"c": color, "s": shape}
+    e = parse_expression("c[color=red] + 2*s[shape=circle] - 0.5 * s[shape=square]", models.__getitem__)
+    assert repr(e) == "(color[red] + 2.0 * shape[circle] - 0.5 * shape[square])"
+    e = parse_expression("(c[color=red] | c[color=blue]) / 2", models.__getitem__)
+    assert repr(e) == "(0.5 * (color[red] | color[blue]))"
+    x = torch.rand(3, 3, 8, 8)
+    manual = color.condition(color="red") + 2 * shape.condition(shape="circle")
+    torch.testing.assert_close(parse_expression("c[color=red]+2*s[shape=circle]", models.__getitem__)(x), manual(x))
+    with pytest.raises(ValueError, match="expected"):
+        parse_expression("c[color=red] +", models.__getitem__)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").rglob("*.toml")), ids=lambda p: p.name)
+def test_every_bundled_recipe_parses(path):
+    recipe = load_recipe(path)
+    assert recipe.trainer.steps > 0 and recipe.sampling is not None
+
+
+def test_shapes_recipe_builds_its_network_and_data():
+    recipe = load_recipe(ROOT / "recipes" / "shapes-color.toml")
+    from dataclasses import replace
+
+    data = build_dataset(replace(recipe.data, n=16))
+    model = build_model(recipe, data)
+    assert model.attributes == {"color": ("red", "green", "blue")} and model.input_shape == (3, 32, 32)
+    assert model(data.images[:2]).shape == (2,)
+
+
+def test_recipe_errors_name_the_file_and_valid_settings(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[trainer]\nstepz = 3\n")
+    with pytest.raises(ValueError, match=r"bad.toml: unknown TrainerConfig setting\(s\) \['stepz'\]"):
+        load_recipe(bad)
+    result = runner.invoke(app, ["train", str(bad), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "stepz" in result.output
