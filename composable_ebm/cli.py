@@ -260,5 +260,5 @@ def eval_ood(
     typer.echo(json.dumps({"auroc": ood_auroc(energy, images(in_data, 0), images(out_data, 1)), "n": n}))
 
 
-def main() -> None:  # pragma: no cover
+if __name__ == "__main__":  # `python -m composable_ebm.cli`, e.g. under torchrun
     app()
