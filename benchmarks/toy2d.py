@@ -92,6 +92,7 @@ def main() -> None:
         "MLP energy (3 x 128, Swish), batch 256, 40 Langevin steps (step 0.005, noise sqrt(0.01)), replay buffer",
         "10000 with 5% fresh starts, L2 energy regulariser 0.1, EMA 0.99 (evaluated). KL on a 200x200 grid over",
         "[-4, 4]^2 with both densities normalised on the grid; 'uniform' is the KL of a flat model, for scale.",
+        "One seed per cell: read small differences with care.",
         "",
         "| density | uniform | KL loss on | KL loss off | final E(x+)-E(x-) on / off | max abs diff on / off |",
         "| --- | --- | --- | --- | --- | --- |",
