@@ -137,16 +137,20 @@ def compose(
     device: DeviceOpt = None,
 ) -> None:
     """Compose models with the energy algebra (+, -, *, /, |, [attr=value]) and sample an image grid."""
-    from composable_ebm.expression import parse_expression
-    from composable_ebm.hub import load_model
-
-    dev = _device(device)
     try:
-        energy = parse_expression(expression, lambda name: load_model(name, dev))
+        energy = _load_expression(expression, _device(device))
         typer.echo(f"sampling {energy.expression()}")
         _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision))
     except (ValueError, FileNotFoundError) as err:
         raise _fail(err) from err
+
+
+def _load_expression(expression: str, device: torch.device):
+    """The composite energy of an expression, each named model loaded once onto ``device``."""
+    from composable_ebm.expression import parse_expression
+    from composable_ebm.hub import load_model
+
+    return parse_expression(expression, lambda name: load_model(name, device))
 
 
 def _sample_to_files(energy, n: int, seed: int, output: Path, chain: Path | None, overrides: dict) -> None:
@@ -207,13 +211,12 @@ def eval_compose(
 ) -> None:
     """Compositional accuracy: how often the classifier finds every target attribute in composed samples."""
     from composable_ebm.evaluation import compositional_accuracy
-    from composable_ebm.expression import parse_expression
     from composable_ebm.hub import load_model
     from composable_ebm.sampling import sample as run_sampler
 
     dev = _device(device)
     try:
-        energy = parse_expression(expression, lambda name: load_model(name, dev))
+        energy = _load_expression(expression, dev)
         clf = load_model(classifier, dev)
         samples = run_sampler(energy, n, seed=seed, **_overrides(steps, rounds, step_size, None)).samples
         score = compositional_accuracy(samples, clf, _parse_bindings(target))

@@ -299,8 +299,8 @@ class Trainer:
         logging = (self.step + 1) % cfg.log_every == 0
         params = [p for p in model.parameters() if p.requires_grad]
         if logging:  # gradient norms of L_CD and L_KL separately (the paper's figure of their magnitudes)
-            stats["grad_norm_cd"] = _grad_norm(out["cd"], params)
-            stats["grad_norm_kl"] = _grad_norm(sum(kl_terms), params) if kl_terms else 0.0
+            stats["grad_norm_cd"] = _param_grad_norm(out["cd"], params)
+            stats["grad_norm_kl"] = _param_grad_norm(sum(kl_terms), params) if kl_terms else 0.0
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip is not None:
@@ -436,6 +436,9 @@ class Trainer:
         restore_rng_state(state["rng"], self.generator)
         self.step = int(state["step"])
         self.rollbacks = int(state["rollbacks"])
+        if self.rank != 0:
+            # the checkpoint holds rank 0's generator and buffer; other ranks must not replay rank 0's draws
+            self.generator.manual_seed(self._seed(self.rollbacks) + 104_729 * self.step)
 
     # ----------------------------------------------------------------- logging
     def _log(self, record: dict[str, Any]) -> None:
@@ -463,7 +466,7 @@ class _Fault(Exception):
         self.reason = reason
 
 
-def _grad_norm(loss: Tensor, params: list[Tensor]) -> float:
+def _param_grad_norm(loss: Tensor, params: list[Tensor]) -> float:
     grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
     norms = [g.norm() for g in grads if g is not None]
     return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
