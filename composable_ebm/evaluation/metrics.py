@@ -148,7 +148,9 @@ class InceptionV3Features(nn.Module):
 
     Weights come from a local file (safetensors, or a torch checkpoint read with
     ``weights_only=True``) and are loaded strictly. Images in ``[0, 1]`` are resized to
-    299x299 and normalised with ImageNet statistics.
+    299x299 and normalised with ImageNet statistics. FIDs computed with torchvision's
+    ImageNet weights are not numerically comparable to papers' FIDs, which use the
+    TensorFlow Inception graph (pytorch-fid's ``pt_inception`` port).
     """
 
     def __init__(self, weights: str | os.PathLike | None = None) -> None:
