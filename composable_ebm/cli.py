@@ -154,13 +154,21 @@ def _load_expression(expression: str, device: torch.device):
 
 
 def _sample_to_files(energy, n: int, seed: int, output: Path, chain: Path | None, overrides: dict) -> None:
-    from composable_ebm.images import save_chain_strip, save_image_grid
+    from composable_ebm.images import save_chain_strip, save_image_grid, save_scatter
     from composable_ebm.sampling import sample as run_sampler
 
+    images = len(energy.input_shape) == 3
+    if chain is not None and not images:
+        raise ValueError(f"--chain draws image strips; this energy takes inputs of shape {energy.input_shape}")
     total = (overrides.get("steps") or 0) * (overrides.get("rounds") or 1)
     keep = max(1, total // 10) if chain is not None and total else (4 if chain is not None else 0)
     result = run_sampler(energy, n, seed=seed, progress=True, keep_every=keep, **overrides)
-    save_image_grid(result.samples, output)
+    if images:
+        save_image_grid(result.samples, output)
+    elif energy.input_shape == (2,):
+        save_scatter(result.samples, output, energy.value_range)
+    else:
+        raise ValueError(f"cannot draw samples of shape {energy.input_shape}; use composable_ebm.sample in Python")
     typer.echo(f"wrote {output}")
     if chain is not None:
         save_chain_strip(result.chain, chain)

@@ -62,3 +62,26 @@ def save_image_grid(images: Tensor, path: str | Path, nrow: int | None = None) -
 def save_chain_strip(chain: Tensor, path: str | Path, max_chains: int = 8) -> Path:
     """Write a sampler chain as a PNG strip (the paper's figure of chains travelling between modes)."""
     return save_png(chain_strip(chain, max_chains), path)
+
+
+def save_scatter(points: Tensor, path: str | Path, limits: tuple[float, float] | None = None) -> Path:
+    """Write 2-D samples ``(N, 2)`` as a scatter plot PNG (for the toy energies)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if points.ndim != 2 or points.shape[1] != 2:
+        raise ValueError(f"expected 2-D points (N, 2), got shape {tuple(points.shape)}")
+    p = points.detach().float().cpu().numpy()
+    fig, ax = plt.subplots(figsize=(4, 4))
+    ax.scatter(p[:, 0], p[:, 1], s=2, alpha=0.5)
+    if limits is not None:
+        ax.set_xlim(*limits)
+        ax.set_ylim(*limits)
+    ax.set_aspect("equal")
+    fig.tight_layout()
+    fig.canvas.draw()
+    image = Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("RGB")
+    plt.close(fig)
+    return save_png(image, path)

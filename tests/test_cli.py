@@ -160,3 +160,17 @@ def test_recipe_errors_name_the_file_and_valid_settings(tmp_path):
         load_recipe(bad)
     result = runner.invoke(app, ["train", str(bad), "--out", str(tmp_path / "run")])
     assert result.exit_code == 2 and "stepz" in result.output
+
+
+def test_toy_recipe_trains_and_samples_to_a_scatter_plot(tmp_path):
+    recipe = tmp_path / "toy.toml"
+    recipe.write_text(
+        (ROOT / "recipes" / "toy-8gaussians.toml").read_text().replace("n = 20000", "n = 500")
+        .replace("batch_size = 256", "batch_size = 32").replace("hidden = 128", "hidden = 16")
+    )
+    invoke("train", recipe, "--out", tmp_path / "run", "--steps", "3", "--no-progress")
+    invoke("sample", tmp_path / "run" / "model", "-n", "50", "-o", tmp_path / "points.png", "--steps", "5")
+    with Image.open(tmp_path / "points.png") as im:
+        assert im.size[0] > 100
+    result = runner.invoke(app, ["sample", str(tmp_path / "run" / "model"), "--chain", str(tmp_path / "c.png")])
+    assert result.exit_code == 2 and "image strips" in result.output
