@@ -58,7 +58,7 @@ def train(
     """Train an energy with Algorithm 1 and save its EMA weights to OUT/model."""
     from tqdm.auto import tqdm
 
-    from composable_ebm.evaluation import plot_training_health
+    from composable_ebm.evaluation import plot_training_health, read_log
     from composable_ebm.hub import save_model
     from composable_ebm.model_cards import model_card
     from composable_ebm.recipes import build_dataset, build_model, load_recipe
@@ -92,7 +92,9 @@ def train(
         ema.sampler_config = model.sampler_config
         card = model_card(ema, recipe=recipe.read_text(), recipe_name=recipe.name, steps=summary.steps)
         save_model(ema, out / "model", card=card)
-        plot_training_health(out, out / "health.png", title=recipe.stem)
+        log = out / Trainer.LOG
+        if log.is_file() and any("e_diff" in r for r in read_log(log)):  # a run shorter than log_every has none
+            plot_training_health(out, out / "health.png", title=recipe.stem)
         typer.echo(f"trained {summary.steps} steps ({summary.rollbacks} rollbacks); model in {out / 'model'}")
 
 
