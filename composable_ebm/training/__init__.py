@@ -17,7 +17,6 @@ from composable_ebm.training.trainer import (
     TrainingDiverged,
     TrainingSummary,
     init_distributed,
-    unwrap,
 )
 
 __all__ = [
@@ -36,5 +35,4 @@ __all__ = [
     "nearest_neighbour_distance",
     "opt_loss",
     "save_atomic",
-    "unwrap",
 ]

@@ -161,11 +161,6 @@ class TrainingSummary:
     seconds_per_step: float
 
 
-def unwrap(module: nn.Module) -> nn.Module:
-    """The model inside a DDP wrapper (for saving and for calls that must not sync)."""
-    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
-
-
 class Trainer:
     """Algorithm 1 for any :class:`Energy` (conditional or not) on in-memory data.
 
@@ -394,7 +389,7 @@ class Trainer:
             "format": 1,
             "step": self.step,
             "rollbacks": self.rollbacks,
-            "model": unwrap(self.energy).state_dict(),
+            "model": self.energy.state_dict(),  # DDP wraps the objective, never the energy itself
             "ema": self.ema.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "buffer": self.buffer.state_dict(),
@@ -429,7 +424,7 @@ class Trainer:
     def _restore(self, state: dict[str, Any] | None) -> None:
         if state is None:
             raise RuntimeError("no checkpoint to restore")
-        unwrap(self.energy).load_state_dict(state["model"], strict=True)
+        self.energy.load_state_dict(state["model"], strict=True)
         self.ema.load_state_dict(state["ema"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.buffer.load_state_dict(state["buffer"])
