@@ -127,7 +127,7 @@ def sample(
 
 @app.command()
 def compose(
-    expression: Annotated[str, typer.Argument(help='e.g. "color[color=red] + 2*shape[shape=circle]".')],
+    expression: Annotated[str, typer.Argument(help='e.g. "color\\[color=red] + 2*shape\\[shape=circle]".')],
     n: Annotated[int, typer.Option("-n", help="Number of samples.")] = 16,
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG grid to write.")] = Path("composed.png"),
     chain: Annotated[Optional[Path], typer.Option(help="Also write the chains as a PNG strip.")] = None,
@@ -138,7 +138,7 @@ def compose(
     precision: PrecisionOpt = None,
     device: DeviceOpt = None,
 ) -> None:
-    """Compose models with the energy algebra (+, -, *, /, |, [attr=value]) and sample an image grid."""
+    """Compose models with the energy algebra (+, -, *, /, |, \\[attr=value]) and sample an image grid."""
     try:
         energy = _load_expression(expression, _device(device))
         typer.echo(f"sampling {energy.expression()}")

@@ -174,3 +174,9 @@ def test_toy_recipe_trains_and_samples_to_a_scatter_plot(tmp_path):
         assert im.size[0] > 100
     result = runner.invoke(app, ["sample", str(tmp_path / "run" / "model"), "--chain", str(tmp_path / "c.png")])
     assert result.exit_code == 2 and "image strips" in result.output
+
+
+def test_help_shows_the_expression_syntax_unmangled():
+    """Square brackets survive typer's rich markup in the help text."""
+    out = invoke("compose", "--help").output
+    assert 'color[color=red] + 2*shape[shape=circle]' in out and "[attr=value]" in out
