@@ -9,8 +9,6 @@ leaves the previous files in place.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from composable_ebm import __version__
+from composable_ebm.atomic import write_atomic
 from composable_ebm.configs import config_from_dict, config_to_dict
 from composable_ebm.energy import Energy
 from composable_ebm.evaluation.classifier import AttributeClassifier, ClassifierConfig
@@ -43,17 +42,6 @@ def _model_type(model: nn.Module) -> str:
     raise TypeError(f"cannot save a {type(model).__name__}; savable types: {sorted(c.__name__ for _, c in MODEL_TYPES.values())}")
 
 
-def _write_atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def save_model(model: nn.Module, folder: str | Path, card: str | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Write ``config.json``, ``model.safetensors`` (and ``README.md`` if a model card is given)."""
     folder = Path(folder)
@@ -69,10 +57,10 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
     if extra:
         payload["extra"] = extra
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    _write_atomic(folder / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-    _write_atomic(folder / CONFIG_NAME, lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=2) + "\n"))
+    write_atomic(folder / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    write_atomic(folder / CONFIG_NAME, lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=2) + "\n"))
     if card is not None:
-        _write_atomic(folder / CARD_NAME, lambda tmp: Path(tmp).write_text(card))
+        write_atomic(folder / CARD_NAME, lambda tmp: Path(tmp).write_text(card))
     return folder
 
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from PIL import Image
 from torch import Tensor
 from torchvision.utils import make_grid
+
+from composable_ebm.atomic import write_atomic
 
 
 def to_pil(grid: Tensor) -> Image.Image:
@@ -41,17 +41,7 @@ def chain_strip(chain: Tensor, max_chains: int = 8, padding: int = 2) -> Image.I
 
 def save_png(image: Image.Image, path: str | Path) -> Path:
     """Write ``image`` atomically (temp file + rename) so a failed write leaves no broken file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        image.save(tmp, format="PNG")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_atomic(path, lambda tmp: image.save(tmp, format="PNG"))
 
 
 def save_image_grid(images: Tensor, path: str | Path, nrow: int | None = None) -> Path:

@@ -8,31 +8,19 @@ checkpoint intact.
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from composable_ebm.atomic import write_atomic
+
 
 def save_atomic(payload: dict[str, Any], path: str | Path) -> Path:
     """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_atomic(path, lambda tmp: torch.save(payload, tmp))
 
 
 def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
