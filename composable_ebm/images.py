@@ -12,6 +12,11 @@ from torchvision.utils import make_grid
 from composable_ebm.atomic import write_atomic
 
 
+def as_float_images(x: Tensor) -> Tensor:
+    """Images as float in ``[0, 1]``: uint8 is scaled by 1/255, anything else cast to float."""
+    return x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+
+
 def to_pil(grid: Tensor) -> Image.Image:
     """A ``(C, H, W)`` float image in ``[0, 1]`` as a PIL image."""
     if grid.ndim != 3 or grid.shape[0] not in (1, 3):

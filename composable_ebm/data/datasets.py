@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from composable_ebm.images import as_float_images
+
 
 @dataclass
 class ImageDataset:
@@ -46,11 +48,7 @@ class ImageDataset:
         return self.images.shape[0]
 
     def __getitem__(self, i: int) -> tuple[Tensor, dict[str, Tensor]]:
-        return self.float_images(self.images[i : i + 1])[0], {a: v[i] for a, v in self.labels.items()}
-
-    @staticmethod
-    def float_images(x: Tensor) -> Tensor:
-        return x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        return as_float_images(self.images[i]), {a: v[i] for a, v in self.labels.items()}
 
     def subset(self, mask_or_index: Tensor) -> ImageDataset:
         return ImageDataset(

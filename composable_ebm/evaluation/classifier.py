@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composable_ebm.configs import config_from_dict, config_to_dict
+from composable_ebm.images import as_float_images
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,7 @@ def train_classifier(
     losses = []
     for _ in range(steps):
         idx = torch.randint(images.shape[0], (batch_size,), generator=gen)
-        x = images[idx].to(device)
-        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        x = as_float_images(images[idx].to(device))
         if flip:
             mirror = (torch.rand(batch_size, generator=gen) < 0.5).to(device).view(-1, 1, 1, 1)
             x = torch.where(mirror, x.flip(-1), x)
@@ -119,8 +119,7 @@ def train_classifier(
 
 def attribute_accuracy(classifier: AttributeClassifier, images: Tensor, labels: Mapping[str, Tensor]) -> dict[str, float]:
     """Accuracy of each head on labelled images."""
-    x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
-    pred = classifier.predict(x.to(next(classifier.parameters()).device))
+    pred = classifier.predict(as_float_images(images).to(next(classifier.parameters()).device))
     return {a: float((pred[a].cpu() == labels[a].cpu()).float().mean()) for a in classifier.heads}
 
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composable_ebm.energy import Energy, Labels
+from composable_ebm.images import as_float_images
 
 FeatureFn = Callable[[Tensor], Tensor]
 
@@ -50,8 +51,7 @@ def _energies(energy: Energy, x: Tensor, labels: Labels | None, batch_size: int)
     device = next(iter(list(energy.parameters()) + list(energy.buffers())), torch.empty(0)).device
     out = []
     for i in range(0, x.shape[0], batch_size):
-        chunk = x[i : i + batch_size].to(device)
-        chunk = chunk.float() / 255.0 if chunk.dtype == torch.uint8 else chunk.float()
+        chunk = as_float_images(x[i : i + batch_size].to(device))
         sub = {a: v[i : i + batch_size].to(device) for a, v in labels.items()} if labels else None
         out.append(energy(chunk, sub).cpu())
     return torch.cat(out)
@@ -96,7 +96,7 @@ def extract_features(images: Tensor, feature_fn: FeatureFn, batch_size: int = 10
         device = next(feature_fn.parameters()).device
     out = []
     for chunk in images.split(batch_size):
-        chunk = chunk.float() / 255.0 if chunk.dtype == torch.uint8 else chunk.float()
+        chunk = as_float_images(chunk)
         out.append(feature_fn(chunk.to(device) if device is not None else chunk).flatten(1).double().cpu())
     return torch.cat(out)
 

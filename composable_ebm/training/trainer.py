@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from composable_ebm.configs import config_from_dict, config_to_dict
 from composable_ebm.energy import Energy, Labels
+from composable_ebm.images import as_float_images
 from composable_ebm.sampling import (
     AugmentConfig,
     SamplerConfig,
@@ -239,8 +240,7 @@ class Trainer:
     # ------------------------------------------------------------ one iteration
     def _positives(self, n: int) -> tuple[Tensor, dict[str, Tensor]]:
         idx = torch.randint(self.images.shape[0], (n,), generator=self.generator, device=self.device)
-        x = self.images[idx]
-        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        x = as_float_images(self.images[idx])
         if self.config.dequantize and self.energy.value_range == (0.0, 1.0):
             x = x * (255.0 / 256.0) + torch.rand(x.shape, generator=self.generator, device=self.device) / 256.0
         return x, {a: v[idx] for a, v in self.labels.items()}
