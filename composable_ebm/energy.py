@@ -17,6 +17,7 @@ sampler at call time.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from numbers import Real
@@ -71,6 +72,13 @@ class Energy(nn.Module):
     def expression(self) -> str:
         """The algebraic expression this energy stands for (a leaf is its name)."""
         return self.name
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the first parameter or buffer; the CPU for an energy that holds no tensors."""
+        for t in itertools.chain(self.parameters(), self.buffers()):
+            return t.device
+        return torch.device("cpu")
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
         """Energies ``(B,)`` of a batch ``x`` of shape ``(B, *input_shape)``."""

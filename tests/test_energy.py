@@ -184,3 +184,16 @@ def test_score_works_inside_no_grad(parts):
     with torch.no_grad():
         s = a.score(x)
     torch.testing.assert_close(s, -a.energy_and_grad(x)[1])
+
+
+def test_device_follows_parameters_or_buffers_and_defaults_to_cpu(parts):
+    a, _, c = parts
+    assert a.device == next(a.parameters()).device  # parameters
+    assert c.device == c.mean.device  # buffers only
+    assert (a + c).device == a.device  # composites see their parts' tensors
+
+    class Empty(Energy):
+        def energy(self, x, labels):
+            return x.sum(1)
+
+    assert Empty((2,), value_range=None).device == torch.device("cpu")

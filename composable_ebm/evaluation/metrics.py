@@ -48,7 +48,7 @@ def auroc(scores_in: Tensor, scores_out: Tensor) -> float:
 
 @torch.no_grad()
 def _energies(energy: Energy, x: Tensor, labels: Labels | None, batch_size: int) -> Tensor:
-    device = next(iter(list(energy.parameters()) + list(energy.buffers())), torch.empty(0)).device
+    device = energy.device
     out = []
     for i in range(0, x.shape[0], batch_size):
         chunk = as_float_images(x[i : i + batch_size].to(device))

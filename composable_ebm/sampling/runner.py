@@ -85,12 +85,6 @@ def initial_noise(energy: Energy, n: int, generator: torch.Generator, device: to
     return lo + (hi - lo) * torch.rand(shape, generator=generator, device=device)
 
 
-def _model_device(energy: Energy) -> torch.device:
-    for t in list(energy.parameters()) + list(energy.buffers()):
-        return t.device
-    return torch.device("cpu")
-
-
 def sample(
     energy: Energy,
     n: int | None = None,
@@ -126,7 +120,7 @@ def sample(
     if x0 is None:
         if n is None or n < 1:
             raise ValueError(f"n must be a positive number of samples, got {n}")
-        dev = torch.device(device) if device is not None else _model_device(energy)
+        dev = torch.device(device) if device is not None else energy.device
         gen = make_generator(seed, generator, dev)
         x = initial_noise(energy, n, gen, dev)
     else:

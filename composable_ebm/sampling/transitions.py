@@ -125,11 +125,12 @@ def langevin_step(
     noise = torch.randn(state.x.shape, generator=generator, device=state.x.device, dtype=state.x.dtype)
     x = langevin_update(state.x, state.grad, config, noise, clamp_bounds(energy, config))
     new = evaluate(energy, x, labels, config.precision)
-    info = StepInfo(new.energy.mean(), _grad_norm(state.grad), None)
+    info = StepInfo(new.energy.mean(), chain_grad_norm(state.grad), None)
     return new, info
 
 
-def _grad_norm(grad: Tensor) -> Tensor:
+def chain_grad_norm(grad: Tensor) -> Tensor:
+    """Mean over chains of the L2 norm of ``dE/dx``, a scalar tensor (no device sync)."""
     return grad.flatten(1).norm(dim=1).mean()
 
 
@@ -176,4 +177,4 @@ def mala_step(
         torch.where(accept, prop.energy, state.energy),
         torch.where(accept.view(shape), prop.grad, state.grad),
     )
-    return new, StepInfo(new.energy.mean(), _grad_norm(state.grad), accept)
+    return new, StepInfo(new.energy.mean(), chain_grad_norm(state.grad), accept)

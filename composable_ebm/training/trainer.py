@@ -35,6 +35,7 @@ from composable_ebm.sampling import (
     AugmentConfig,
     SamplerConfig,
     augment,
+    chain_grad_norm,
     clamp_bounds,
     evaluate,
     initial_noise,
@@ -144,7 +145,7 @@ class ImprovedCDObjective(nn.Module):
             "cd": cd_loss(e_pos, e_neg, cfg.cd_l2),
             "e_pos": e_pos.detach().mean(),
             "e_neg": e_neg.detach().mean(),
-            "langevin_grad_norm": prev.grad.detach().flatten(1).norm(dim=1).mean(),
+            "langevin_grad_norm": chain_grad_norm(prev.grad.detach()),
             "x_neg": x_neg,
         }
         if cfg.kl_opt:
@@ -186,8 +187,7 @@ class Trainer:
         device: torch.device | str | None = None,
     ) -> None:
         self.config = config
-        first = next(energy.parameters(), None)
-        self.device = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+        self.device = torch.device(device) if device is not None else energy.device
         self.energy = energy.to(self.device)
         self.images, self.labels = self._check_data(energy, data)
         self.distributed = dist.is_available() and dist.is_initialized()
