@@ -75,6 +75,13 @@ def save_scatter(points: Tensor, path: str | Path, limits: tuple[float, float] |
         ax.set_xlim(*limits)
         ax.set_ylim(*limits)
     ax.set_aspect("equal")
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Render a matplotlib figure, close it, and write it as a PNG (atomically)."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.canvas.draw()
     image = Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("RGB")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from composable_ebm.images import save_png
+from composable_ebm.images import save_figure
 
 
 def read_log(path: str | Path) -> list[dict]:
@@ -29,7 +29,6 @@ def plot_training_health(log: str | Path, out: str | Path, title: str | None = N
 
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
-    from PIL import Image
 
     records = read_log(log)
     steps = [r for r in records if "e_diff" in r]
@@ -51,8 +50,4 @@ def plot_training_health(log: str | Path, out: str | Path, title: str | None = N
     for f in faults:
         for ax in (top, bottom):
             ax.axvline(f["step"], color="tab:red", lw=0.8, alpha=0.7)
-    fig.tight_layout()
-    fig.canvas.draw()
-    image = Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("RGB")
-    plt.close(fig)
-    return save_png(image, out)
+    return save_figure(fig, out)
