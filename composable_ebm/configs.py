@@ -18,6 +18,17 @@ from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 T = TypeVar("T")
 
 
+class JSONConfig:
+    """Mixin for config dataclasses: ``to_dict()`` and ``Config.from_dict(data)`` through JSON-able dicts."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return config_to_dict(self)
+
+    @classmethod
+    def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+        return config_from_dict(cls, data)
+
+
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A JSON-able dict of a dataclass config (nested dataclasses included)."""
     if not dataclasses.is_dataclass(config) or isinstance(config, type):

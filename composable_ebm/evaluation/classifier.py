@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composable_ebm.configs import config_from_dict, config_to_dict
+from composable_ebm.configs import JSONConfig
 from composable_ebm.images import as_float_images
 
 
 @dataclass(frozen=True)
-class ClassifierConfig:
+class ClassifierConfig(JSONConfig):
     """Configuration of an :class:`AttributeClassifier` (round-trips through JSON)."""
 
     name: str = "classifier"
@@ -26,13 +26,6 @@ class ClassifierConfig:
     in_channels: int = 3
     width: int = 32  # channels of the first conv; doubled at each of the three stages
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return config_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ClassifierConfig:
-        return config_from_dict(cls, data)
 
 
 class AttributeClassifier(nn.Module):

@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composable_ebm.configs import config_from_dict, config_to_dict
+from composable_ebm.configs import JSONConfig
 from composable_ebm.energy import Energy, Labels
 
 
 @dataclass(frozen=True)
-class MLPConfig:
+class MLPConfig(JSONConfig):
     """Configuration of an :class:`MLPEnergy`."""
 
     name: str = "mlp"
@@ -23,13 +23,6 @@ class MLPConfig:
     spectral_norm: bool = False
     value_range: tuple[float, float] | None = None  # None: unbounded (no clamping when sampling)
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return config_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> MLPConfig:
-        return config_from_dict(cls, data)
 
 
 class MLPEnergy(Energy):

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composable_ebm.configs import config_from_dict, config_to_dict
+from composable_ebm.configs import JSONConfig
 from composable_ebm.energy import Energy, Labels
 from composable_ebm.nets.layers import Norm, ResBlock, SelfAttention, Swish, conv
 
@@ -58,7 +58,7 @@ PAPER_128_BLOCKS = _table("64 down", "128 down", "128 down", "256", "256 down", 
 
 
 @dataclass(frozen=True)
-class ResNetConfig:
+class ResNetConfig(JSONConfig):
     """Configuration of a :class:`ResNetEnergy` (round-trips through JSON)."""
 
     name: str = "resnet"
@@ -82,13 +82,6 @@ class ResNetConfig:
     def paper_128(cls, **overrides) -> ResNetConfig:
         """The 128x128 network (CelebA-HQ, LSUN bedroom)."""
         return dataclasses.replace(cls(name="paper-128", image_size=128, blocks=PAPER_128_BLOCKS), **overrides)
-
-    def to_dict(self) -> dict:
-        return config_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ResNetConfig:
-        return config_from_dict(cls, data)
 
     @property
     def scales(self) -> tuple[int, ...]:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from composable_ebm.configs import config_from_dict, config_to_dict
+from composable_ebm.configs import JSONConfig
 from composable_ebm.energy import Energy, Labels
 from composable_ebm.images import as_float_images
 from composable_ebm.sampling import (
@@ -47,7 +47,7 @@ from composable_ebm.training.losses import cd_loss, entropy_loss, opt_loss
 
 
 @dataclass(frozen=True)
-class TrainerConfig:
+class TrainerConfig(JSONConfig):
     """Settings of Algorithm 1. Defaults follow the paper (32x32), or the authors' code where the paper is silent."""
 
     steps: int = 10000  # training iterations
@@ -85,13 +85,6 @@ class TrainerConfig:
             raise ValueError(f"unknown on_fault {self.on_fault!r}; valid choices: ['rollback', 'stop']")
         if self.batch_size < 1 or self.steps < 0 or self.log_every < 1 or self.checkpoint_every < 1:
             raise ValueError("batch_size, log_every and checkpoint_every must be >= 1 and steps >= 0")
-
-    def to_dict(self) -> dict:
-        return config_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> TrainerConfig:
-        return config_from_dict(cls, data)
 
 
 class TrainingData(Protocol):
