@@ -9,10 +9,8 @@ silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
-import json
 import types
 import typing
-from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 T = TypeVar("T")
@@ -88,9 +86,3 @@ def _from_plain(tp: Any, value: Any, where: str) -> Any:
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
-
-
-def save_config_json(config: Any, path: str | Path, **extra: Any) -> None:
-    """Write ``config`` (plus ``extra`` top-level keys) as indented JSON."""
-    payload = {**extra, **config_to_dict(config)}
-    Path(path).write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")

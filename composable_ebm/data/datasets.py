@@ -50,12 +50,6 @@ class ImageDataset:
     def __getitem__(self, i: int) -> tuple[Tensor, dict[str, Tensor]]:
         return as_float_images(self.images[i]), {a: v[i] for a, v in self.labels.items()}
 
-    def subset(self, mask_or_index: Tensor) -> ImageDataset:
-        return ImageDataset(
-            self.images[mask_or_index], {a: v[mask_or_index] for a, v in self.labels.items()}, self.attributes,
-            self.name, dict(self.info),
-        )
-
     def select_attributes(self, names: Sequence[str]) -> ImageDataset:
         """The same images with only the named attributes (e.g. one attribute per model)."""
         unknown = sorted(set(names) - set(self.attributes))
