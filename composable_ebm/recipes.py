@@ -123,7 +123,17 @@ def build_dataset(cfg: DataConfig) -> ImageDataset | torch.Tensor:
 
 
 def build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
-    """The recipe's energy network, conditioned on the data's selected attributes."""
+    """The recipe's energy network, conditioned on the data's selected attributes.
+
+    The initial weights are drawn from ``trainer.seed`` (without touching the global RNG), so
+    one recipe always starts from the same network.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.trainer.seed)
+        return _build_model(recipe, data)
+
+
+def _build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
     settings = dict(recipe.model)
     if recipe.model_type == "mlp":
         config = config_from_dict(MLPConfig, settings)

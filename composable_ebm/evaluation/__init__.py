@@ -8,6 +8,13 @@ from composable_ebm.evaluation.classifier import (
     compositional_accuracy,
     train_classifier,
 )
+from composable_ebm.evaluation.conditional import (
+    EnergyGap,
+    ValueReport,
+    conditional_report,
+    heldout_energy_gap,
+    value_distribution,
+)
 from composable_ebm.evaluation.metrics import (
     InceptionV3Features,
     auroc,
@@ -26,19 +33,24 @@ __all__ = [
     "AttributeClassifier",
     "ClassifierConfig",
     "CompositionScore",
+    "EnergyGap",
     "InceptionV3Features",
+    "ValueReport",
     "attribute_accuracy",
     "auroc",
     "compositional_accuracy",
+    "conditional_report",
     "extract_features",
     "fid",
     "find_inception_weights",
     "frechet_distance",
     "gaussian_stats",
+    "heldout_energy_gap",
     "inception_score",
     "inception_score_from_probs",
     "ood_auroc",
     "plot_training_health",
     "read_log",
     "train_classifier",
+    "value_distribution",
 ]

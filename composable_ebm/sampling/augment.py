@@ -5,8 +5,14 @@ Every image in a batch gets its own random parameters, drawn from an explicit
 Colour jitter follows SimCLR (Chen et al. 2020): with strength ``s``, brightness,
 contrast and saturation factors in ``[1 - 0.8 s, 1 + 0.8 s]`` and a hue shift in
 ``[-0.2 s, 0.2 s]`` of a turn, applied with probability 0.8, then grayscale with
-probability 0.2. Random resized crop and horizontal flip are one affine resampling;
-Gaussian blur uses a per-sample sigma.
+probability 0.2; each component's range can also be set on its own (``hue=0.5`` with the
+others at 0 rotates hue alone, keeping shape, size and position). Random resized crop and
+horizontal flip are one affine resampling; Gaussian blur uses a per-sample sigma.
+
+Which image properties an augmentation changes matters for conditional models: a
+transition must never change the attribute a model is conditioned on (a colour model gets
+no colour jitter, a position model no flip). :meth:`AugmentConfig.changes` names what a
+setting changes, so a recipe can be checked against its attributes.
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ class AugmentConfig:
 
     color_strength: float = 1.0  # SimCLR colour-jitter strength s (0 turns jitter off)
     color_prob: float = 0.8  # probability of colour jitter per image
+    brightness: float | None = None  # factor range [1 - b, 1 + b]; None: 0.8 s
+    contrast: float | None = None  # factor range [1 - c, 1 + c]; None: 0.8 s
+    saturation: float | None = None  # factor range [1 - a, 1 + a]; None: 0.8 s
+    hue: float | None = None  # shift range [-h, h] of a turn, h <= 0.5; None: 0.2 s
+    channel_permute_prob: float = 0.0  # probability of a uniformly random RGB channel permutation per image
     grayscale_prob: float = 0.2  # probability of grayscale per image
     flip_prob: float = 0.5  # probability of a horizontal flip per image
     crop_scale: tuple[float, float] = (0.08, 1.0)  # area fraction of the random resized crop (paper: 0.02-1 at 32px)
@@ -35,7 +46,7 @@ class AugmentConfig:
     blur_sigma: tuple[float, float] = (0.1, 2.0)  # blur sigma range in pixels
 
     def __post_init__(self) -> None:
-        for name in ("color_prob", "grayscale_prob", "flip_prob", "blur_prob"):
+        for name in ("color_prob", "grayscale_prob", "flip_prob", "blur_prob", "channel_permute_prob"):
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
@@ -46,6 +57,40 @@ class AugmentConfig:
             raise ValueError(f"crop_ratio must satisfy 0 < low <= high, got {self.crop_ratio}")
         if self.color_strength < 0:
             raise ValueError(f"color_strength must be >= 0, got {self.color_strength}")
+        for name in ("brightness", "contrast", "saturation"):
+            v = getattr(self, name)
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1] (factor range [1 - v, 1 + v]), got {v}")
+        if self.hue is not None and not 0.0 <= self.hue <= 0.5:
+            raise ValueError(f"hue must be in [0, 0.5] (a shift of at most half a turn), got {self.hue}")
+
+    def jitter_ranges(self) -> tuple[float, float, float, float]:
+        """Brightness, contrast, saturation and hue ranges after applying ``color_strength`` defaults."""
+        s = self.color_strength
+        pick = lambda v, default: default if v is None else v  # noqa: E731
+        return (
+            pick(self.brightness, min(0.8 * s, 1.0)),
+            pick(self.contrast, min(0.8 * s, 1.0)),
+            pick(self.saturation, min(0.8 * s, 1.0)),
+            pick(self.hue, min(0.2 * s, 0.5)),
+        )
+
+    def changes(self) -> frozenset[str]:
+        """Image properties this setting can change: ``hue``, ``intensity`` (brightness, contrast,
+        saturation, grayscale), ``mirror`` (left/right), ``scale``, ``translation``, ``blur``."""
+        b, c, a, h = self.jitter_ranges()
+        out = set()
+        if (self.color_prob > 0 and h > 0) or self.channel_permute_prob > 0:
+            out.add("hue")
+        if (self.color_prob > 0 and max(b, c, a) > 0) or self.grayscale_prob > 0:
+            out.add("intensity")
+        if self.flip_prob > 0:
+            out.add("mirror")
+        if self.crop_scale != (1.0, 1.0) or self.crop_ratio != (1.0, 1.0):
+            out.update({"scale", "translation"})
+        if self.blur_prob > 0:
+            out.add("blur")
+        return frozenset(out)
 
 
 def _uniform(n: int, low: float, high: float, generator: torch.Generator, device: torch.device) -> Tensor:
@@ -68,14 +113,14 @@ def _blend(x: Tensor, other: Tensor, factor: Tensor) -> Tensor:
 
 def color_jitter(x: Tensor, cfg: AugmentConfig, generator: torch.Generator) -> Tensor:
     """SimCLR colour distortion of strength ``cfg.color_strength`` on RGB images in ``[0, 1]``."""
-    b, device, s = x.shape[0], x.device, cfg.color_strength
+    b, device = x.shape[0], x.device
     jitter = _bernoulli(b, cfg.color_prob, generator, device).view(-1, 1, 1, 1)
-    if s > 0:
-        lo, hi = max(0.0, 1 - 0.8 * s), 1 + 0.8 * s
-        brightness = _uniform(b, lo, hi, generator, device)
-        contrast = _uniform(b, lo, hi, generator, device)
-        saturation = _uniform(b, lo, hi, generator, device)
-        hue = _uniform(b, -min(0.2 * s, 0.5), min(0.2 * s, 0.5), generator, device)
+    rb, rc, rs, rh = cfg.jitter_ranges()
+    if max(rb, rc, rs, rh) > 0:
+        brightness = _uniform(b, 1 - rb, 1 + rb, generator, device)
+        contrast = _uniform(b, 1 - rc, 1 + rc, generator, device)
+        saturation = _uniform(b, 1 - rs, 1 + rs, generator, device)
+        hue = _uniform(b, -rh, rh, generator, device)
         y = (x * brightness.view(-1, 1, 1, 1)).clamp(0, 1)
         y = _blend(y, _gray(y).mean(dim=(2, 3), keepdim=True), contrast)
         y = _blend(y, _gray(y), saturation)
@@ -85,6 +130,20 @@ def color_jitter(x: Tensor, cfg: AugmentConfig, generator: torch.Generator) -> T
         x = torch.where(jitter, y, x)
     gray = _bernoulli(b, cfg.grayscale_prob, generator, device).view(-1, 1, 1, 1)
     return torch.where(gray, _gray(x).expand_as(x), x)
+
+
+_PERMUTATIONS = ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))
+
+
+def permute_channels(x: Tensor, cfg: AugmentConfig, generator: torch.Generator) -> Tensor:
+    """With probability ``channel_permute_prob``, a uniformly random permutation of the RGB channels."""
+    b, device = x.shape[0], x.device
+    perms = torch.tensor(_PERMUTATIONS, device=device)
+    choice = perms[torch.randint(len(_PERMUTATIONS), (b,), generator=generator, device=device)]  # (B, 3)
+    apply = _bernoulli(b, cfg.channel_permute_prob, generator, device)
+    choice = torch.where(apply.unsqueeze(1), choice, perms[0].expand_as(choice))
+    index = choice.view(b, 3, 1, 1).expand_as(x)
+    return x.gather(1, index)
 
 
 def resized_crop_and_flip(x: Tensor, cfg: AugmentConfig, generator: torch.Generator) -> Tensor:
@@ -121,8 +180,12 @@ def augment(x: Tensor, cfg: AugmentConfig, generator: torch.Generator) -> Tensor
     """One augmentation transition on a batch ``(B, C, H, W)`` in ``[0, 1]``, independent per image."""
     if x.ndim != 4:
         raise ValueError(f"augmentation needs image batches (B, C, H, W), got shape {tuple(x.shape)}")
-    x = resized_crop_and_flip(x, cfg, generator)
-    if x.shape[1] == 3:
+    changes = cfg.changes()
+    if changes & {"mirror", "scale", "translation"}:
+        x = resized_crop_and_flip(x, cfg, generator)
+    if x.shape[1] == 3 and cfg.channel_permute_prob > 0:
+        x = permute_channels(x, cfg, generator)
+    if x.shape[1] == 3 and (cfg.color_prob > 0 and max(cfg.jitter_ranges()) > 0 or cfg.grayscale_prob > 0):
         x = color_jitter(x, cfg, generator)
     if cfg.blur_prob > 0:
         x = gaussian_blur(x, cfg, generator)

@@ -56,8 +56,11 @@ class TrainerConfig(JSONConfig):
     betas: tuple[float, float] = (0.0, 0.9)  # Adam betas (authors' code)
     grad_clip: float | None = 0.5  # max global gradient norm (authors' code); None: no clipping
     ema_decay: float = 0.9999  # paper; the authors' code uses 0.99
+    ema_warmup: bool = True  # decay min(ema_decay, (1 + t) / (10 + t)) at step t, so the EMA is useful early
     sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(step_size=500.0, noise=0.001, steps=40))
     chain_augment: AugmentConfig | None = field(default_factory=lambda: AugmentConfig(crop_scale=(0.02, 1.0)))
+    data_augment: AugmentConfig | None = None  # augmentation of the positives (changes only what the model ignores)
+    negative_labels: Literal["positives", "buffer"] = "positives"  # the condition each chain runs under
     buffer_size: int = 10000
     buffer_policy: Literal["reservoir", "fifo"] = "reservoir"
     reinit_prob: float = 0.001  # chain starts from fresh noise (experiments: 0.1%; Algorithm 1: 1%)
@@ -234,12 +237,22 @@ class Trainer:
     def _positives(self, n: int) -> tuple[Tensor, dict[str, Tensor]]:
         idx = torch.randint(self.images.shape[0], (n,), generator=self.generator, device=self.device)
         x = as_float_images(self.images[idx])
+        if self.config.data_augment is not None:
+            x = augment(x, self.config.data_augment, self.generator)
         if self.config.dequantize and self.energy.value_range == (0.0, 1.0):
             x = x * (255.0 / 256.0) + torch.rand(x.shape, generator=self.generator, device=self.device) / 256.0
         return x, {a: v[idx] for a, v in self.labels.items()}
 
     def _chain_starts(self, n: int, pos_labels: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        """Buffer samples with their labels; fresh noise (with the positives' labels) with probability reinit_prob."""
+        """Chain starts and the labels their chains run under.
+
+        Starts are buffer samples, or fresh uniform noise with probability ``reinit_prob``.
+        By default every chain runs under the labels of the positive it is paired with (the
+        authors' Algorithm 1), so the label mix of the negatives is the data's and a sample
+        made under one label is often restarted under another. ``negative_labels="buffer"``
+        keeps the label a buffer sample was made under instead; that mix drifts like a
+        Polya urn and is there for experiments only.
+        """
         noise = initial_noise(self.energy, n, self.generator, self.device)
         if len(self.buffer) == 0:
             return noise, dict(pos_labels)
@@ -247,8 +260,9 @@ class Trainer:
         fresh = torch.rand(n, generator=self.generator, device=self.device) < self.config.reinit_prob
         shape = (-1,) + (1,) * (noise.ndim - 1)
         x = torch.where(fresh.view(shape), noise, old)
-        labels = {a: torch.where(fresh, pos_labels[a], old_labels[a]) for a in pos_labels}
-        return x, labels
+        if self.config.negative_labels == "positives":
+            return x, dict(pos_labels)
+        return x, {a: torch.where(fresh, pos_labels[a], old_labels[a]) for a in pos_labels}
 
     def train_step(self) -> dict[str, float]:
         """One iteration of Algorithm 1; returns its statistics (raises on a fault)."""
@@ -326,6 +340,8 @@ class Trainer:
     @torch.no_grad()
     def _update_ema(self) -> None:
         decay = self.config.ema_decay
+        if self.config.ema_warmup:  # bias-free early average (as TensorFlow's ExponentialMovingAverage)
+            decay = min(decay, (1.0 + self.step) / (10.0 + self.step))
         for e, p in zip(self.ema.parameters(), self.energy.parameters()):
             e.lerp_(p.detach(), 1.0 - decay)
         for e, b in zip(self.ema.buffers(), self.energy.buffers()):
