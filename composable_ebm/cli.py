@@ -52,17 +52,20 @@ def train(
     out: Annotated[Path, typer.Option("--out", "-o", help="Run folder: checkpoint, log, model.")],
     steps: Annotated[Optional[int], typer.Option(help="Override the recipe's number of steps.")] = None,
     resume: Annotated[bool, typer.Option(help="Resume from OUT/checkpoint.pt if it exists.")] = True,
+    allow_config_change: Annotated[
+        bool, typer.Option(help="Resume even if the recipe's training settings differ from the checkpoint's.")
+    ] = False,
     device: DeviceOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train an energy with Algorithm 1 and save its EMA weights to OUT/model."""
     from tqdm.auto import tqdm
 
-    from composable_ebm.evaluation import plot_training_health, read_log
+    from composable_ebm.evaluation import plot_training_health
     from composable_ebm.hub import save_model
     from composable_ebm.model_cards import model_card
     from composable_ebm.recipes import build_dataset, build_model, load_recipe
-    from composable_ebm.training import Trainer, TrainingDiverged, init_distributed
+    from composable_ebm.training import Trainer, TrainingDiverged, init_distributed, read_log
 
     try:
         spec = load_recipe(recipe)
@@ -72,8 +75,11 @@ def train(
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
         raise _fail(err) from err
     trainer = Trainer(model, data, spec.trainer, out_dir=out, device=_device(device))
-    if resume and trainer.resume():
-        typer.echo(f"resumed from step {trainer.step}")
+    try:
+        if resume and trainer.resume(allow_config_change=allow_config_change):
+            typer.echo(f"resumed from step {trainer.step}")
+    except ValueError as err:
+        raise _fail(err) from err
     total = steps if steps is not None else spec.trainer.steps
     bar = tqdm(total=total, initial=trainer.step, disable=not progress or trainer.rank != 0, desc="training")
 

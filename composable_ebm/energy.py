@@ -63,6 +63,14 @@ class Energy(nn.Module):
         }
         self._sampler_config: SamplerConfig | None = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "forward" in cls.__dict__:
+            raise TypeError(
+                f"{cls.__name__} overrides forward(); Energy subclasses implement energy(x, labels) instead,"
+                " so that forward() keeps checking input and output shapes"
+            )
+
     # ------------------------------------------------------------------ contract
     @property
     def name(self) -> str:
@@ -160,39 +168,28 @@ class Energy(nn.Module):
             raise ValueError(f"condition() needs at least one attribute; valid attributes: {sorted(self.attributes)}")
         bound: dict[str, int | Tensor] = {}
         for attr, value in values.items():
-            names = self._check_attribute(attr)
-            if isinstance(value, str):
-                if value not in names:
-                    raise ValueError(f"attribute {attr!r} has no value {value!r}; valid values: {list(names)}")
-                bound[attr] = names.index(value)
-            elif isinstance(value, Tensor):
+            self._check_attribute(attr)
+            if isinstance(value, Tensor):
                 if value.dtype.is_floating_point or value.ndim > 1:
                     raise ValueError(f"per-item values of {attr!r} must be an integer tensor of shape (B,)")
                 bound[attr] = value
-            elif isinstance(value, int) and not isinstance(value, bool):
-                if not 0 <= value < len(names):
-                    raise ValueError(f"attribute {attr!r} index {value} is out of range; valid values: {list(names)}")
-                bound[attr] = value
             else:
-                raise ValueError(
-                    f"value of {attr!r} must be a value name, an index or an index tensor; got {value!r};"
-                    f" valid values: {list(names)}"
-                )
+                bound[attr] = value_index(self.attributes, attr, value)
         return Conditioned(self, bound)
 
     # ---------------------------------------------------------------- sampling
     @property
     def sampler_config(self) -> SamplerConfig | None:
-        """Default sampling settings (``None``: the sampler's own); composites derive theirs."""
-        return self._sampler_config if self._sampler_config is not None else self.derived_sampler_config()
+        """Sampling settings set on this energy (a trained model carries its recipe's), or ``None``.
+
+        A composite has none of its own: :func:`composable_ebm.sampling.default_sampler_config`
+        derives its defaults from its parts.
+        """
+        return self._sampler_config
 
     @sampler_config.setter
     def sampler_config(self, config: SamplerConfig | None) -> None:
         self._sampler_config = config
-
-    def derived_sampler_config(self) -> SamplerConfig | None:
-        """Settings used when none were set on this energy; a leaf has none."""
-        return None
 
     def sample(self, n: int, **kwargs: Any) -> Tensor:
         """Draw ``n`` samples ``(n, *input_shape)`` with Algorithm 2; see :func:`composable_ebm.sampling.sample`."""
@@ -246,6 +243,23 @@ class Energy(nn.Module):
         return NotImplemented
 
 
+def value_index(attributes: Mapping[str, Sequence[str]], attr: str, value: str | int) -> int:
+    """The index of ``value`` (a value name or an index) of attribute ``attr``; a ``ValueError`` lists
+    the valid attributes or values otherwise."""
+    if attr not in attributes:
+        raise ValueError(f"no attribute {attr!r}; valid attributes: {sorted(attributes)}")
+    names = list(attributes[attr])
+    if isinstance(value, str):
+        if value not in names:
+            raise ValueError(f"attribute {attr!r} has no value {value!r}; valid values: {names}")
+        return names.index(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value < len(names):
+            raise ValueError(f"attribute {attr!r} index {value} is out of range; valid values: {names}")
+        return value
+    raise ValueError(f"value of {attr!r} must be a value name or an index, got {value!r}; valid values: {names}")
+
+
 def _check_compatible(parts: Sequence[Energy]) -> tuple[tuple[int, ...], tuple[float, float] | None]:
     first = parts[0]
     for other in parts[1:]:
@@ -297,8 +311,13 @@ class WeightedSum(Energy):
 
     @property
     def num_models(self) -> int:
-        """Number of summed energies (the authors divide the step size by it)."""
+        """Number of summed energies."""
         return len(self.terms)
+
+    @property
+    def total_weight(self) -> float:
+        """``sum_i |w_i|``: the gradient of the sum is up to this many times a part's gradient."""
+        return sum(abs(w) for w in self.weights)
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
         total = self.weights[0] * self.terms[0](x)
@@ -321,11 +340,6 @@ class WeightedSum(Energy):
     def __repr__(self) -> str:
         return self.expression()
 
-    def derived_sampler_config(self) -> SamplerConfig | None:
-        from composable_ebm.sampling import combine_sampler_configs
-
-        return combine_sampler_configs([t.sampler_config for t in self.terms], num_models=self.num_models)
-
 
 class Disjunction(Energy):
     """``-logsumexp_i(-E_i)``: a mixture of the parts' unnormalised densities (``a | b``)."""
@@ -347,11 +361,6 @@ class Disjunction(Energy):
 
     def __repr__(self) -> str:
         return self.expression()
-
-    def derived_sampler_config(self) -> SamplerConfig | None:
-        from composable_ebm.sampling import combine_sampler_configs
-
-        return combine_sampler_configs([t.sampler_config for t in self.terms], num_models=1)
 
 
 class Conditioned(Energy):
@@ -384,6 +393,3 @@ class Conditioned(Energy):
 
     def __repr__(self) -> str:
         return self.expression()
-
-    def derived_sampler_config(self) -> SamplerConfig | None:
-        return self.base.sampler_config

@@ -149,7 +149,7 @@ def test_shapes_recipe_builds_its_network_and_data():
 
     data = build_dataset(replace(recipe.data, n=16))
     model = build_model(recipe, data)
-    assert model.attributes == {"color": ("red", "green", "blue")} and model.input_shape == (3, 32, 32)
+    assert model.attributes == {"color": ("red", "green", "blue")} and model.input_shape == (3, 16, 16)
     assert model(data.images[:2]).shape == (2,)
 
 

@@ -8,7 +8,7 @@ from PIL import Image
 
 from composable_ebm import GaussianEnergy, ResNetEnergy
 from composable_ebm.images import save_chain_strip
-from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment, sample
+from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment, default_sampler_config, sample
 from tests.conftest import tiny_config
 from tests.test_energy import randomize
 
@@ -146,13 +146,17 @@ def test_composite_of_conditional_networks_samples_end_to_end(color_model, shape
     red, circle = color_model.condition(color="red"), shape_model.condition(shape="circle")
     color_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig())
     composite = red + circle - 0.5 * shape_model.condition(shape="square")
-    assert composite.sampler_config.step_size == pytest.approx(10.0 / 3)
+    # the step of a sum is divided by its total absolute weight, 1 + 1 + 0.5
+    assert composite.sampler_config is None  # a composite has no settings of its own
+    assert default_sampler_config(composite).step_size == pytest.approx(10.0 / 2.5)
+    assert default_sampler_config(2.0 * red + circle).step_size == pytest.approx(10.0 / 3)
+    assert default_sampler_config(red | circle).step_size == pytest.approx(10.0)
     images = composite.sample(n=4, seed=0)
     assert images.shape == (4, 3, 8, 8)
     assert images.min() >= 0 and images.max() <= 1
     # per-call overrides win over the derived defaults
     result = composite.sample_chain(n=2, seed=0, steps=2, rounds=3, keep_every=2)
-    assert result.config.step_size == pytest.approx(10.0 / 3) and result.config.steps == 2
+    assert result.config.step_size == pytest.approx(10.0 / 2.5) and result.config.steps == 2
     assert result.diagnostics.energy.shape == (6,)
 
 

@@ -117,7 +117,7 @@ def test_opt_loss_gradient_matches_finite_differences_through_the_last_langevin_
     noise = torch.randn(6, 2, dtype=torch.float64)
     out = objective(torch.randn(6, 2, dtype=torch.float64), None, x_prev, None, noise, None)
     param = model.net[2].weight  # a hidden layer's weight
-    (grad,) = torch.autograd.grad(out["opt"], param)
+    (grad,) = torch.autograd.grad(out.opt, param)
 
     frozen = _tiny_mlp()
     frozen.load_state_dict(model.state_dict())

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from composable_ebm.energy import value_index
 from composable_ebm.images import as_float_images
 
 
@@ -80,12 +81,8 @@ def _combination_mask(labels: Mapping[str, Tensor], combos: Sequence[Mapping[str
     for combo in combos:
         match = torch.ones(n, dtype=torch.bool)
         for attr, value in combo.items():
-            if attr not in SHAPES_ATTRIBUTES:
-                raise ValueError(f"unknown attribute {attr!r} in holdout; valid attributes: {sorted(SHAPES_ATTRIBUTES)}")
-            values = SHAPES_ATTRIBUTES[attr]
-            if value not in values:
-                raise ValueError(f"attribute {attr!r} has no value {value!r}; valid values: {list(values)}")
-            match &= labels[attr] == values.index(value)
+            index = value_index(SHAPES_ATTRIBUTES, attr, value)
+            match &= labels[attr] == index
         held |= match
     return held
 

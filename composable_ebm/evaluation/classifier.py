@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composable_ebm.configs import JSONConfig
+from composable_ebm.energy import value_index
 from composable_ebm.images import as_float_images
 
 
@@ -133,16 +134,7 @@ def compositional_accuracy(
     ``target`` maps attributes to value names or indices, e.g. ``{"color": "red", "shape": "circle"}``.
     """
     attributes = classifier.config.attributes
-    wanted: dict[str, int] = {}
-    for attr, value in target.items():
-        if attr not in attributes:
-            raise ValueError(f"the classifier has no attribute {attr!r}; valid attributes: {sorted(attributes)}")
-        values = attributes[attr]
-        if isinstance(value, str):
-            if value not in values:
-                raise ValueError(f"attribute {attr!r} has no value {value!r}; valid values: {list(values)}")
-            value = values.index(value)
-        wanted[attr] = int(value)
+    wanted = {attr: value_index(attributes, attr, value) for attr, value in target.items()}
     pred = classifier.predict(samples.float().to(next(classifier.parameters()).device))
     hits = {a: pred[a].cpu() == v for a, v in wanted.items()}
     joint = torch.stack(list(hits.values())).all(dim=0)

@@ -7,20 +7,10 @@ Faults and rollbacks are marked with vertical lines.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from composable_ebm.images import save_figure
-
-
-def read_log(path: str | Path) -> list[dict]:
-    """Records of a ``log.jsonl`` (a run folder or the file itself)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "log.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"no training log at {path}")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from composable_ebm.training.log import read_log
 
 
 def plot_training_health(log: str | Path, out: str | Path, title: str | None = None) -> Path:

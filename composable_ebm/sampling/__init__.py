@@ -2,11 +2,14 @@
 
 from composable_ebm.sampling.augment import AugmentConfig, augment
 from composable_ebm.sampling.runner import (
+    ChainEnd,
     SampleResult,
     SamplerDiagnostics,
+    default_sampler_config,
     initial_noise,
     make_generator,
     resolve_config,
+    run_chain,
     sample,
 )
 from composable_ebm.sampling.transitions import (
@@ -15,7 +18,6 @@ from composable_ebm.sampling.transitions import (
     StepInfo,
     chain_grad_norm,
     clamp_bounds,
-    combine_sampler_configs,
     evaluate,
     langevin_step,
     langevin_update,
@@ -24,6 +26,7 @@ from composable_ebm.sampling.transitions import (
 
 __all__ = [
     "AugmentConfig",
+    "ChainEnd",
     "ChainState",
     "SampleResult",
     "SamplerConfig",
@@ -32,7 +35,7 @@ __all__ = [
     "augment",
     "chain_grad_norm",
     "clamp_bounds",
-    "combine_sampler_configs",
+    "default_sampler_config",
     "evaluate",
     "initial_noise",
     "langevin_step",
@@ -40,5 +43,6 @@ __all__ = [
     "make_generator",
     "mala_step",
     "resolve_config",
+    "run_chain",
     "sample",
 ]

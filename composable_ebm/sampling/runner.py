@@ -15,9 +15,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from composable_ebm.energy import Energy, Labels
+from composable_ebm.energy import Conditioned, Disjunction, Energy, Labels, WeightedSum
 from composable_ebm.sampling.augment import augment
-from composable_ebm.sampling.transitions import ChainState, SamplerConfig, StepInfo, evaluate, langevin_step, mala_step
+from composable_ebm.sampling.transitions import (
+    ChainState,
+    SamplerConfig,
+    StepInfo,
+    clamp_bounds,
+    evaluate,
+    langevin_step,
+    langevin_update,
+    mala_step,
+)
 
 
 @dataclass
@@ -64,9 +73,35 @@ def make_generator(seed: int | None, generator: torch.Generator | None, device: 
     return gen
 
 
+def default_sampler_config(energy: Energy) -> SamplerConfig:
+    """The settings ``energy.sample(n)`` uses when none are given.
+
+    A model's own settings (a trained model carries its recipe's); for a composite, derived
+    from its parts: a weighted sum takes its first part's settings with the step size divided by
+    the total absolute weight ``sum_i |w_i|`` (its gradient is up to that many times a part's; the
+    authors' composition scripts divide by the number of models, the same for unit weights); a
+    disjunction takes its first part's, a conditioned model its base's. Without any: the
+    sampler's defaults.
+    """
+    return _own_or_derived(energy) or SamplerConfig()
+
+
+def _own_or_derived(energy: Energy) -> SamplerConfig | None:
+    if energy.sampler_config is not None:
+        return energy.sampler_config
+    if isinstance(energy, Conditioned):
+        return _own_or_derived(energy.base)
+    if isinstance(energy, (WeightedSum, Disjunction)):
+        base = next((c for c in map(_own_or_derived, energy.terms) if c is not None), None)
+        if base is None or isinstance(energy, Disjunction):
+            return base
+        return dataclasses.replace(base, step_size=base.step_size / max(energy.total_weight, 1e-12))
+    return None
+
+
 def resolve_config(energy: Energy, config: SamplerConfig | None, overrides: dict[str, Any]) -> SamplerConfig:
     """The energy's default settings (or ``config``) with per-call overrides applied."""
-    base = config or energy.sampler_config or SamplerConfig()
+    base = config or default_sampler_config(energy)
     if not overrides:
         return base
     valid = {f.name for f in dataclasses.fields(SamplerConfig)}
@@ -105,7 +140,7 @@ def sample(
     Args:
         energy: any ``Energy``, composite or not (it is not modified, nor its modes or flags).
         n: number of chains (with ``x0`` omitted: started from uniform noise).
-        config: sampler settings; default: the energy's own (``energy.sampler_config``).
+        config: sampler settings; default: :func:`default_sampler_config` (a model's own, a composite's derived).
         x0: starting batch ``(n, *input_shape)`` instead of noise.
         labels: per-item attribute indices for a conditional energy.
         seed / generator: explicit randomness; the same seed gives the same samples.
@@ -128,39 +163,28 @@ def sample(
             raise ValueError(f"n={n} disagrees with x0's batch of {x0.shape[0]}")
         x = x0.detach().to(torch.float32).clone()
         gen = make_generator(seed, generator, x.device)
-    step_fn = mala_step if cfg.method == "mala" else langevin_step
-
-    total = cfg.total_steps
     energies, grad_norms, accepts = [], [], []
     kept = [x.clone()] if keep_every > 0 else []
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, desc=f"sampling {energy.expression()}", leave=False)
-    step = 0
-    state: ChainState | None = None
-    schedule = [cfg.steps] * cfg.rounds + ([cfg.final_steps] if cfg.final_steps else [])
-    for round_index, steps_this_round in enumerate(schedule):
-        if round_index < cfg.rounds and cfg.augment is not None:
-            x = augment(state.x if state is not None else x, cfg.augment, gen)
-            state = None
-        if state is None:
-            state = evaluate(energy, x, labels, cfg.precision)
-        for _ in range(steps_this_round):
-            state, info = step_fn(energy, state, cfg, gen, labels)
-            step += 1
-            _record(info, energies, grad_norms, accepts)
-            if keep_every > 0 and (step % keep_every == 0 or step == total):
-                kept.append(state.x.clone())
-            if callback is not None:
-                callback({"step": step, "x": state.x, "energy": info.energy, "grad_norm": info.grad_norm,
-                          "accepted": info.accepted})
-            if bar is not None:
-                bar.update(1)
+        bar = tqdm(total=cfg.total_steps, desc=f"sampling {energy.expression()}", leave=False)
+
+    def on_step(step: int, state: ChainState, info: StepInfo) -> None:
+        _record(info, energies, grad_norms, accepts)
+        if keep_every > 0 and (step % keep_every == 0 or step == cfg.total_steps):
+            kept.append(state.x.clone())
+        if callback is not None:
+            callback({"step": step, "x": state.x, "energy": info.energy, "grad_norm": info.grad_norm,
+                      "accepted": info.accepted})
+        if bar is not None:
+            bar.update(1)
+
+    end = run_chain(energy, x, cfg, gen, labels, on_step=on_step)
     if bar is not None:
         bar.close()
-    final = state.x if state is not None else x
+    final = end.x
     diagnostics = SamplerDiagnostics(
         energy=torch.stack(energies).float().cpu() if energies else torch.empty(0),
         grad_norm=torch.stack(grad_norms).float().cpu() if grad_norms else torch.empty(0),
@@ -168,6 +192,62 @@ def sample(
     )
     chain = torch.stack(kept) if kept else None
     return SampleResult(final.detach(), chain, diagnostics, cfg)
+
+
+@dataclass
+class ChainEnd:
+    """Where :func:`run_chain` stopped: the positions, and their cached energy and gradient when evaluated."""
+
+    x: Tensor
+    state: ChainState | None  # None when the last Langevin step's result was left unevaluated
+    steps: int
+
+
+def run_chain(
+    energy: Energy,
+    x: Tensor,
+    config: SamplerConfig,
+    generator: torch.Generator,
+    labels: Labels | None = None,
+    *,
+    num_steps: int | None = None,
+    evaluate_final: bool = True,
+    on_step: Callable[[int, ChainState, StepInfo], None] | None = None,
+) -> ChainEnd:
+    """The chain of Algorithm 2 from ``x``: ``rounds`` x [augmentation transition, ``steps`` steps], then
+    ``final_steps`` steps. ``sample`` and the trainer both run their chains through here.
+
+    Args:
+        num_steps: stop after this many steps (default: the whole schedule, ``config.total_steps``).
+        evaluate_final: ``False`` leaves the position after the last Langevin step unevaluated (the
+            trainer evaluates it itself, with a graph, so that every step is computed once).
+        on_step: ``on_step(step, state, info)`` after every evaluated step (step counts from 1).
+    """
+    total = config.total_steps if num_steps is None else num_steps
+    if not 0 <= total <= config.total_steps:
+        raise ValueError(f"num_steps must be in 0..{config.total_steps} for this schedule, got {num_steps}")
+    step_fn = mala_step if config.method == "mala" else langevin_step
+    schedule = [config.steps] * config.rounds + ([config.final_steps] if config.final_steps else [])
+    state: ChainState | None = None
+    done = 0
+    for round_index, steps_this_round in enumerate(schedule):
+        if done == total:
+            break
+        if round_index < config.rounds and config.augment is not None:
+            x = augment(state.x if state is not None else x, config.augment, generator)
+            state = None
+        for _ in range(min(steps_this_round, total - done)):
+            if state is None:
+                state = evaluate(energy, x, labels, config.precision)
+            done += 1
+            if done == total and not evaluate_final and config.method == "langevin":
+                noise = torch.randn(state.x.shape, generator=generator, device=state.x.device, dtype=state.x.dtype)
+                return ChainEnd(langevin_update(state.x, state.grad, config, noise, clamp_bounds(energy, config)),
+                                None, done)
+            state, info = step_fn(energy, state, config, generator, labels)
+            if on_step is not None:
+                on_step(done, state, info)
+    return ChainEnd(state.x if state is not None else x, state, done)
 
 
 def _record(info: StepInfo, energies: list, grad_norms: list, accepts: list) -> None:

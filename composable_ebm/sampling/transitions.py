@@ -7,7 +7,7 @@ state caches the energy and gradient of its position, so MALA never recomputes t
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -59,14 +59,6 @@ class SamplerConfig:
     @property
     def total_steps(self) -> int:
         return self.rounds * self.steps + self.final_steps
-
-
-def combine_sampler_configs(configs: list[SamplerConfig | None], num_models: int) -> SamplerConfig:
-    """Default settings of a composite: the first part's settings with the step size divided by
-    the number of summed models (a sum of K energies has a K-times larger gradient; the
-    authors' composition scripts divide the same way)."""
-    base = next((c for c in configs if c is not None), None) or SamplerConfig()
-    return replace(base, step_size=base.step_size / max(num_models, 1))
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from composable_ebm.training.buffer import ReplayBuffer
 from composable_ebm.training.checkpoint import load_checkpoint, save_atomic
+from composable_ebm.training.faults import TrainingDiverged
+from composable_ebm.training.log import RunLog, read_log
 from composable_ebm.training.losses import (
     cd_loss,
     entropy_loss,
@@ -11,17 +13,19 @@ from composable_ebm.training.losses import (
 )
 from composable_ebm.training.trainer import (
     ImprovedCDObjective,
+    ObjectiveOutput,
     Trainer,
     TrainerConfig,
     TrainingData,
-    TrainingDiverged,
     TrainingSummary,
     init_distributed,
 )
 
 __all__ = [
     "ImprovedCDObjective",
+    "ObjectiveOutput",
     "ReplayBuffer",
+    "RunLog",
     "Trainer",
     "TrainerConfig",
     "TrainingData",
@@ -34,5 +38,6 @@ __all__ = [
     "load_checkpoint",
     "nearest_neighbour_distance",
     "opt_loss",
+    "read_log",
     "save_atomic",
 ]

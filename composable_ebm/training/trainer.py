@@ -14,7 +14,6 @@ last good checkpoint with a new seed. NaNs are never replaced.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import os
@@ -40,10 +39,16 @@ from composable_ebm.sampling import (
     evaluate,
     initial_noise,
     langevin_update,
+    run_chain,
 )
 from composable_ebm.training.buffer import ReplayBuffer
 from composable_ebm.training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_atomic
+from composable_ebm.training.faults import Fault, TrainingDiverged, fault_reason, raise_if_any_rank_faulted
+from composable_ebm.training.log import LOG_NAME, RunLog
 from composable_ebm.training.losses import cd_loss, entropy_loss, opt_loss
+
+# settings a resume may change without being asked: how long to train and how often to log or save
+RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every"})
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,17 @@ class TrainerConfig(JSONConfig):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.sampler.steps < 1:
+        if self.sampler.total_steps < 1:
             raise ValueError("training needs at least one Langevin step per iteration (sampler.steps >= 1)")
+        if self.sampler.method != "langevin":
+            raise ValueError(
+                f"training chains use method 'langevin' (the KL loss differentiates through a Langevin step),"
+                f" got {self.sampler.method!r}; MALA is for sampling"
+            )
+        if self.negative_labels not in ("positives", "buffer"):
+            raise ValueError(f"unknown negative_labels {self.negative_labels!r}; valid choices: ['buffer', 'positives']")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0.0 <= self.reinit_prob <= 1.0:
             raise ValueError(f"reinit_prob must be in [0, 1], got {self.reinit_prob}")
         if self.on_fault not in ("rollback", "stop"):
@@ -98,20 +112,35 @@ class TrainingData(Protocol):
     labels: Mapping[str, Tensor]
 
 
-class TrainingDiverged(RuntimeError):
-    """Raised when training faults and ``on_fault="stop"`` (or the rollback budget is spent)."""
+@dataclass
+class ObjectiveOutput:
+    """The loss terms and statistics of one iteration; the same fields whichever terms are on."""
 
-    def __init__(self, step: int, reason: str) -> None:
-        super().__init__(f"training diverged at step {step}: {reason}")
-        self.step = step
-        self.reason = reason
+    cd: Tensor  # L_CD with its L2 regulariser
+    opt: Tensor | None  # weighted L_opt, None when kl_opt is off
+    ent: Tensor | None  # weighted L_ent, None when off or before the buffer holds ent_min_buffer samples
+    e_pos: Tensor  # mean energy of the positives (detached)
+    e_neg: Tensor  # mean energy of the negatives (detached)
+    langevin_grad_norm: Tensor  # mean |dE/dx| at the last step's start (detached)
+    x_neg: Tensor  # the negatives, detached (for the buffer)
+
+    @property
+    def kl(self) -> Tensor | None:
+        """``L_KL = L_opt + L_ent`` over the terms that are on, ``None`` if none is."""
+        terms = [t for t in (self.opt, self.ent) if t is not None]
+        return sum(terms[1:], terms[0]) if terms else None
+
+    @property
+    def loss(self) -> Tensor:
+        kl = self.kl
+        return self.cd if kl is None else self.cd + kl
 
 
 class ImprovedCDObjective(nn.Module):
     """Every path from the parameters to the loss, in one forward (so DDP sees one forward per step).
 
     Runs the last Langevin step (differentiable in the parameters when a KL term is on), then
-    returns the loss terms ``cd``, ``opt``, ``ent`` and the statistics of the step.
+    returns an :class:`ObjectiveOutput` with the loss terms and the statistics of the step.
     """
 
     def __init__(self, energy: Energy, config: TrainerConfig) -> None:
@@ -127,7 +156,7 @@ class ImprovedCDObjective(nn.Module):
         neg_labels: Labels | None,
         step_noise: Tensor,
         bank: Tensor | None,
-    ) -> dict[str, Tensor]:
+    ) -> ObjectiveOutput:
         cfg, s = self.config, self.config.sampler
         use_ent = cfg.kl_ent and bank is not None
         differentiable = cfg.kl_opt or use_ent
@@ -137,18 +166,15 @@ class ImprovedCDObjective(nn.Module):
         x_neg = x_hat.detach()
         e_pos = self.energy(x_pos, pos_labels)
         e_neg = self.energy(x_neg, neg_labels)
-        out = {
-            "cd": cd_loss(e_pos, e_neg, cfg.cd_l2),
-            "e_pos": e_pos.detach().mean(),
-            "e_neg": e_neg.detach().mean(),
-            "langevin_grad_norm": chain_grad_norm(prev.grad.detach()),
-            "x_neg": x_neg,
-        }
-        if cfg.kl_opt:
-            out["opt"] = cfg.opt_weight * opt_loss(self.energy, x_hat, neg_labels)
-        if use_ent:
-            out["ent"] = cfg.ent_weight * entropy_loss(x_hat, bank)
-        return out
+        return ObjectiveOutput(
+            cd=cd_loss(e_pos, e_neg, cfg.cd_l2),
+            opt=cfg.opt_weight * opt_loss(self.energy, x_hat, neg_labels) if cfg.kl_opt else None,
+            ent=cfg.ent_weight * entropy_loss(x_hat, bank) if use_ent else None,
+            e_pos=e_pos.detach().mean(),
+            e_neg=e_neg.detach().mean(),
+            langevin_grad_norm=chain_grad_norm(prev.grad.detach()),
+            x_neg=x_neg,
+        )
 
 
 @dataclass
@@ -172,7 +198,7 @@ class Trainer:
     """
 
     CHECKPOINT = "checkpoint.pt"
-    LOG = "log.jsonl"
+    LOG = LOG_NAME
 
     def __init__(
         self,
@@ -206,13 +232,11 @@ class Trainer:
         self.faults: list[dict[str, Any]] = []
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self._memory_checkpoint: dict[str, Any] | None = None
-        self._tensorboard = None
+        self._has_own_checkpoint = False  # rollbacks only ever return to states of this run
+        self.log: RunLog | None = None
         if self.out_dir is not None and self.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            if importlib.util.find_spec("tensorboard") is not None:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tensorboard = SummaryWriter(str(self.out_dir / "tensorboard"))
+            self.log = RunLog(self.out_dir)
 
     # ------------------------------------------------------------------ setup
     def _seed(self, rollbacks: int) -> int:
@@ -274,35 +298,30 @@ class Trainer:
         if cfg.chain_augment is not None:
             x = augment(x, cfg.chain_augment, self.generator)
         labels = neg_labels or None
-        bounds = clamp_bounds(model, s)
-        for _ in range(s.steps - 1):  # K - 1 steps here; the K-th runs in the objective, once
-            state = evaluate(model, x, labels, s.precision)
-            noise = torch.randn(x.shape, generator=self.generator, device=self.device)
-            x = langevin_update(x, state.grad, s, noise, bounds)
+        # every step but the last through the sampler's chain code; the last runs in the objective, once
+        x = run_chain(model, x, s, self.generator, labels, num_steps=s.total_steps - 1, evaluate_final=False).x
         step_noise = torch.randn(x.shape, generator=self.generator, device=self.device)
         bank = None
         if cfg.kl_ent and len(self.buffer) >= max(cfg.ent_min_buffer, 1):
             bank, _ = self.buffer.sample(cfg.ent_bank, self.generator)
-        out = self.objective(x_pos, pos_labels or None, x, labels, step_noise, bank)
-        kl_terms = [out[k] for k in ("opt", "ent") if k in out]
-        loss = out["cd"] + sum(kl_terms)
-        e_diff = out["e_pos"] - out["e_neg"]
+        out: ObjectiveOutput = self.objective(x_pos, pos_labels or None, x, labels, step_noise, bank)
+        loss = out.loss
         stats = {
             "loss": float(loss.detach()),
-            "loss_cd": float(out["cd"].detach()),
-            "loss_opt": float(out["opt"].detach()) if "opt" in out else 0.0,
-            "loss_ent": float(out["ent"].detach()) if "ent" in out else 0.0,
-            "e_pos": float(out["e_pos"]),
-            "e_neg": float(out["e_neg"]),
-            "e_diff": float(e_diff),
-            "langevin_grad_norm": float(out["langevin_grad_norm"]),
+            "loss_cd": float(out.cd.detach()),
+            "loss_opt": float(out.opt.detach()) if out.opt is not None else 0.0,
+            "loss_ent": float(out.ent.detach()) if out.ent is not None else 0.0,
+            "e_pos": float(out.e_pos),
+            "e_neg": float(out.e_neg),
+            "e_diff": float(out.e_pos - out.e_neg),
+            "langevin_grad_norm": float(out.langevin_grad_norm),
         }
-        self._check_health(stats)
+        raise_if_any_rank_faulted(fault_reason(stats, cfg.max_energy_diff), self.device)
         logging = (self.step + 1) % cfg.log_every == 0
         params = [p for p in model.parameters() if p.requires_grad]
         if logging:  # gradient norms of L_CD and L_KL separately (the paper's figure of their magnitudes)
-            stats["grad_norm_cd"] = _param_grad_norm(out["cd"], params)
-            stats["grad_norm_kl"] = _param_grad_norm(sum(kl_terms), params) if kl_terms else 0.0
+            stats["grad_norm_cd"] = _param_grad_norm(out.cd, params)
+            stats["grad_norm_kl"] = _param_grad_norm(out.kl, params) if out.kl is not None else 0.0
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip is not None:
@@ -311,31 +330,14 @@ class Trainer:
             total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
         stats["grad_norm"] = float(total)
         if not math.isfinite(stats["grad_norm"]):
-            raise _Fault(f"non-finite gradient norm {stats['grad_norm']}")
+            raise Fault(f"non-finite gradient norm {stats['grad_norm']}")
         self.optimizer.step()
         self._update_ema()
-        self.buffer.add(out["x_neg"], neg_labels, self.generator)
+        self.buffer.add(out.x_neg, neg_labels, self.generator)
         self.step += 1
         stats["seconds"] = time.perf_counter() - t0
         stats["images_per_second"] = cfg.batch_size * self.world_size / stats["seconds"]
         return stats
-
-    def _check_health(self, stats: dict[str, float]) -> None:
-        reason = None
-        for key in ("loss", "e_pos", "e_neg"):
-            if not math.isfinite(stats[key]):
-                reason = f"non-finite {key} ({stats[key]})"
-                break
-        else:
-            if abs(stats["e_diff"]) > self.config.max_energy_diff:
-                reason = f"energy difference {stats['e_diff']:.4g} exceeds max_energy_diff {self.config.max_energy_diff:g}"
-        if self.distributed:  # every rank must take the same branch, or the next collective hangs
-            flag = torch.tensor([float(reason is not None)], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() and reason is None:
-                reason = "a fault on another rank"
-        if reason is not None:
-            raise _Fault(reason)
 
     @torch.no_grad()
     def _update_ema(self) -> None:
@@ -356,16 +358,15 @@ class Trainer:
         ``callback(step, stats)`` runs after every successful iteration (e.g. a progress bar).
         """
         total = self.config.steps if steps is None else steps
-        has_checkpoint = self._memory_checkpoint is not None or (
-            self.checkpoint_path is not None and self.checkpoint_path.is_file()
-        )
-        if self.step == 0 and not has_checkpoint:
-            self.save_checkpoint()  # the state to roll back to before the first good checkpoint
+        if not self._has_own_checkpoint:
+            # the state to roll back to before the first good checkpoint; it replaces any older run's
+            # checkpoint in out_dir, so a fault never rolls back into another run
+            self.save_checkpoint()
         t_start, start_step = time.perf_counter(), self.step
         while self.step < total:
             try:
                 stats = self.train_step()
-            except _Fault as fault:
+            except Fault as fault:
                 self._handle_fault(self.step + 1, fault.reason)
                 continue
             if callback is not None:
@@ -390,6 +391,9 @@ class Trainer:
         self._restore(self._latest_checkpoint())
         self.rollbacks = rollbacks
         self.generator.manual_seed(self._seed(rollbacks))  # a new seed, so the same fault is not replayed
+        if self.log is not None:  # the steps after the checkpoint will be redone: drop their records
+            self.log.truncate(self.step)
+            self.log.append(event)
         self._log({"event": "rolled_back", "to_step": self.step, "rollbacks": rollbacks})
 
     # ------------------------------------------------------------- persistence
@@ -412,6 +416,7 @@ class Trainer:
             self._memory_checkpoint = copy.deepcopy(self.state_dict())
         elif self.rank == 0:
             save_atomic(self.state_dict(), self.checkpoint_path)
+        self._has_own_checkpoint = True
         if self.distributed:
             dist.barrier()
 
@@ -420,14 +425,32 @@ class Trainer:
             return self._memory_checkpoint
         return load_checkpoint(self.checkpoint_path, self.device) if self.checkpoint_path.is_file() else None
 
-    def resume(self, path: str | Path | None = None) -> bool:
-        """Load ``path`` (default ``out_dir/checkpoint.pt``) if it exists; returns whether it did."""
+    def resume(self, path: str | Path | None = None, allow_config_change: bool = False) -> bool:
+        """Load ``path`` (default ``out_dir/checkpoint.pt``) if it exists; returns whether it did.
+
+        The checkpoint's training settings must equal this trainer's, except those in
+        :data:`RESUMABLE_CHANGES`; otherwise a ``ValueError`` names the keys that differ.
+        ``allow_config_change=True`` resumes anyway and records the change in the log.
+        """
         path = Path(path) if path is not None else self.checkpoint_path
         if path is None or not path.is_file():
             return False
-        self._restore(load_checkpoint(path, self.device))
-        if self.out_dir is not None and self.rank == 0:
-            self._truncate_log(self.step)
+        state = load_checkpoint(path, self.device)
+        changed = config_differences(json.loads(state["trainer_config"]), self.config.to_dict())
+        changed = {k: v for k, v in changed.items() if k not in RESUMABLE_CHANGES}
+        if changed and not allow_config_change:
+            keys = ", ".join(f"{k} ({old!r} -> {new!r})" for k, (old, new) in sorted(changed.items()))
+            raise ValueError(
+                f"{path} was trained with other settings: {keys}; resume with the same recipe, start fresh"
+                " (--no-resume), or allow the change explicitly (--allow-config-change)"
+            )
+        self._restore(state)
+        self._has_own_checkpoint = True
+        if self.log is not None:
+            self.log.truncate(self.step)
+            if changed:
+                self.log.append({"event": "config_changed", "step": self.step,
+                                 "changes": {k: {"old": o, "new": n} for k, (o, n) in changed.items()}})
         return True
 
     def _restore(self, state: dict[str, Any] | None) -> None:
@@ -446,28 +469,20 @@ class Trainer:
 
     # ----------------------------------------------------------------- logging
     def _log(self, record: dict[str, Any]) -> None:
-        if self.rank != 0 or self.out_dir is None:
-            return
-        with open(self.out_dir / self.LOG, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self._tensorboard is not None and "event" not in record:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self._tensorboard.add_scalar(key, value, record["step"])
-
-    def _truncate_log(self, step: int) -> None:
-        """Drop log records written after the checkpoint we resume from (they will be redone)."""
-        log = self.out_dir / self.LOG
-        if not log.is_file():
-            return
-        kept = [line for line in log.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
-        log.write_text("".join(line + "\n" for line in kept))
+        if self.log is not None:
+            self.log.append(record)
 
 
-class _Fault(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ between two nested settings dicts: ``key -> (old, new)``."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.update(config_differences(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out[f"{prefix}{key}"] = (a, b)
+    return out
 
 
 def _param_grad_norm(loss: Tensor, params: list[Tensor]) -> float:

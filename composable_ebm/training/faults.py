@@ -1,0 +1,52 @@
+"""Training faults: what counts as one, and the error raised when training gives up.
+
+A fault is a non-finite loss, energy or gradient norm, or an energy difference beyond
+``max_energy_diff``. It is detected before the optimiser moves; the trainer then rolls back to
+its last good checkpoint with a new seed, or stops. NaNs are never replaced. Under DDP every
+rank learns whether any rank faulted, so all take the same branch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+
+class TrainingDiverged(RuntimeError):
+    """Raised when training faults and ``on_fault="stop"`` (or the rollback budget is spent)."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(f"training diverged at step {step}: {reason}")
+        self.step = step
+        self.reason = reason
+
+
+class Fault(Exception):
+    """A fault in the current iteration (the trainer catches it and rolls back or stops)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def fault_reason(stats: dict[str, float], max_energy_diff: float) -> str | None:
+    """Why these iteration statistics are a fault, or ``None``."""
+    for key in ("loss", "e_pos", "e_neg"):
+        if not math.isfinite(stats[key]):
+            return f"non-finite {key} ({stats[key]})"
+    if abs(stats["e_diff"]) > max_energy_diff:
+        return f"energy difference {stats['e_diff']:.4g} exceeds max_energy_diff {max_energy_diff:g}"
+    return None
+
+
+def raise_if_any_rank_faulted(reason: str | None, device: torch.device) -> None:
+    """Raise :class:`Fault` if this rank (or, under DDP, any rank) found one."""
+    if dist.is_available() and dist.is_initialized():  # every rank must take the same branch
+        flag = torch.tensor([float(reason is not None)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and reason is None:
+            reason = "a fault on another rank"
+    if reason is not None:
+        raise Fault(reason)

@@ -1,0 +1,281 @@
+"""Conditional training: negatives under the data's label mix, one chain driver, attribute-safe
+augmentation, a useful EMA, and runs that are what they say."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from composable_ebm import Energy, MLPConfig, MLPEnergy, ResNetEnergy, shapes
+from composable_ebm.cli import app
+from composable_ebm.evaluation import AttributeClassifier, ClassifierConfig, train_classifier
+from composable_ebm.recipes import load_recipe
+from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment
+from composable_ebm.training import Trainer, TrainerConfig
+from tests.conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class LabelRecorder(MLPEnergy):
+    """Records the label of every chain evaluation (the condition the negatives run under)."""
+
+    seen: list[torch.Tensor] = []
+
+    def energy_and_grad(self, x, labels=None, create_graph=False):
+        if not create_graph:
+            LabelRecorder.seen.append(labels["side"].detach().clone())
+        return super().energy_and_grad(x, labels, create_graph)
+
+
+def _two_blobs(n: int, seed: int, p_one: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """2-D points: label 0 around (-1.5, 0), label 1 around (1.5, 0)."""
+    g = torch.Generator().manual_seed(seed)
+    y = (torch.rand(n, generator=g) < p_one).long()
+    x = torch.randn(n, 2, generator=g) * 0.3 + torch.stack([3.0 * y - 1.5, torch.zeros(n)], dim=1)
+    return x, y
+
+
+class Blobs:
+    def __init__(self, n: int, seed: int, p_one: float = 0.5) -> None:
+        self.images, side = _two_blobs(n, seed, p_one)
+        self.labels = {"side": side}
+
+
+def _blob_config(**overrides) -> TrainerConfig:
+    base = dict(
+        steps=200, batch_size=32, lr=2e-3, ema_decay=0.9,
+        sampler=SamplerConfig(step_size=0.01, noise="exact", steps=10), chain_augment=None,
+        buffer_size=256, reinit_prob=0.01, cd_l2=0.1, ent_min_buffer=64, ent_bank=32, log_every=1000,
+        checkpoint_every=10**6,
+    )
+    base.update(overrides)
+    return TrainerConfig(**base)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_label_mix_of_negatives_is_the_datas(seed):
+    """Every chain runs under its positive's label, so the negatives' mix tracks the data's (0.7 here)."""
+    LabelRecorder.seen = []
+    torch.manual_seed(seed)
+    model = LabelRecorder(MLPConfig(hidden=16, depth=2, value_range=(-4.0, 4.0), attributes={"side": ("l", "r")}))
+    trainer = Trainer(model, Blobs(2000, seed, p_one=0.7), _blob_config(steps=120, seed=seed))
+    trainer.fit()
+    second_half = torch.cat(LabelRecorder.seen[len(LabelRecorder.seen) // 2:])
+    assert abs(float(second_half.float().mean()) - 0.7) < 0.04
+
+
+def test_conditional_energy_classifies_fresh_data_without_label_offsets():
+    """argmin_y E(x | y) recovers the label of fresh points: no per-label energy offset dominates."""
+    torch.manual_seed(0)
+    model = MLPEnergy(MLPConfig(hidden=32, depth=2, value_range=(-4.0, 4.0), attributes={"side": ("l", "r")}))
+    trainer = Trainer(model, Blobs(2000, 0), _blob_config(steps=300))
+    trainer.fit()
+    x, y = _two_blobs(1000, seed=9)
+    with torch.no_grad():
+        energies = torch.stack([trainer.ema(x, {"side": torch.full_like(y, v)}) for v in (0, 1)], dim=1)
+    accuracy = float((energies.argmin(dim=1) == y).float().mean())
+    assert accuracy > 0.95
+
+
+class CountingEnergy(MLPEnergy):
+    calls = 0
+
+    def energy_and_grad(self, x, labels=None, create_graph=False):
+        CountingEnergy.calls += 1
+        return super().energy_and_grad(x, labels, create_graph)
+
+
+def test_trainer_chains_honour_rounds_and_final_steps_and_compute_each_step_once():
+    CountingEnergy.calls = 0
+    model = CountingEnergy(MLPConfig(hidden=8, depth=2))
+    cfg = TrainerConfig(
+        steps=1, batch_size=4, chain_augment=None, log_every=1000,
+        sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=3, rounds=2, final_steps=2),
+    )
+    Trainer(model, torch.randn(32, 2), cfg).train_step()
+    assert CountingEnergy.calls == 3 * 2 + 2
+
+
+def test_trainer_refuses_settings_it_cannot_honour():
+    with pytest.raises(ValueError, match="training chains use method 'langevin'"):
+        TrainerConfig(sampler=SamplerConfig(method="mala"))
+    with pytest.raises(ValueError, match="valid choices"):
+        TrainerConfig(negative_labels="mine")
+    with pytest.raises(ValueError, match=r"ema_decay must be in \[0, 1\)"):
+        TrainerConfig(ema_decay=1.5)
+
+
+def test_ema_tracks_the_model_from_the_first_steps():
+    """With the paper's 0.9999 and warm-up, after 20 steps the EMA sits near the trained weights, not the initial ones."""
+    torch.manual_seed(0)
+    model = MLPEnergy(MLPConfig(hidden=16, depth=2, value_range=(-4.0, 4.0), attributes={"side": ("l", "r")}))
+    init = [p.detach().clone() for p in model.parameters()]
+    trainer = Trainer(model, Blobs(500, 0), _blob_config(steps=20, ema_decay=0.9999))
+    trainer.fit()
+    dist = lambda a, b: sum(float((x - y).detach().norm() ** 2) for x, y in zip(a, b)) ** 0.5  # noqa: E731
+    ema, trained = list(trainer.ema.parameters()), list(model.parameters())
+    assert dist(ema, trained) < 0.3 * dist(init, trained)
+    no_warmup = Trainer(MLPEnergy(model.config), Blobs(500, 0), _blob_config(steps=20, ema_decay=0.9999, ema_warmup=False))
+    start = [p.detach().clone() for p in no_warmup.ema.parameters()]
+    no_warmup.fit()
+    assert dist(list(no_warmup.ema.parameters()), start) < 0.01 * dist(list(no_warmup.energy.parameters()), start)
+
+
+def test_an_energy_that_overrides_forward_is_refused():
+    with pytest.raises(TypeError, match="implement energy"):
+
+        class Bypass(Energy):  # noqa: F841
+            def forward(self, x, labels=None):
+                return x.sum()
+
+
+# ----------------------------------------------------------------------- attribute-safe augmentation
+@pytest.fixture(scope="module")
+def shapes_classifier() -> AttributeClassifier:
+    data = shapes(3000, 16, seed=1, split="all")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        clf = AttributeClassifier(ClassifierConfig(image_size=16, width=16, attributes=data.attributes))
+        train_classifier(clf, data.images, data.labels, steps=250)
+    return clf.eval()
+
+
+ATTRIBUTE_RECIPES = {a: ROOT / "recipes" / f"shapes-{a}.toml" for a in ("shape", "color", "size", "position")}
+
+
+@pytest.mark.parametrize("attribute", sorted(ATTRIBUTE_RECIPES))
+def test_recipe_augmentations_leave_the_models_attribute_unchanged(attribute, shapes_classifier):
+    """Chain-start, positive and sampling augmentations of each recipe keep what the classifier reads for
+    that recipe's attribute, on real Shapes images."""
+    recipe = load_recipe(ATTRIBUTE_RECIPES[attribute])
+    assert recipe.data.attributes == (attribute,)
+    images = shapes(600, 16, seed=3, split="all")
+    truth = images.labels[attribute]
+    clean = shapes_classifier.predict(images.images)[attribute]
+    assert float((clean == truth).float().mean()) > 0.98
+    configs = {"chain": recipe.trainer.chain_augment, "positives": recipe.trainer.data_augment,
+               "sampling": recipe.sampling.augment}
+    for where, cfg in configs.items():
+        if cfg is None:
+            continue
+        out = augment(images.images, cfg, torch.Generator().manual_seed(0))
+        read = shapes_classifier.predict(out)[attribute]
+        agree = float((read == truth).float().mean())
+        assert agree > 0.97, f"{where} augmentation of shapes-{attribute} changes {attribute}: {agree:.3f} kept"
+
+
+def test_a_colour_jitter_would_be_caught(shapes_classifier):
+    """The check above can fail: SimCLR colour jitter changes what the classifier reads as colour."""
+    images = shapes(600, 16, seed=3, split="all")
+    out = augment(images.images, AugmentConfig(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0)),
+                  torch.Generator().manual_seed(0))
+    read = shapes_classifier.predict(out)["color"]
+    assert float((read == images.labels["color"]).float().mean()) < 0.9
+
+
+# ----------------------------------------------------------------------------- runs are what they say
+TOY = """
+[model]
+type = "mlp"
+name = "toy"
+hidden = 16
+depth = 2
+value_range = [-4.0, 4.0]
+
+[data]
+dataset = "toy2d"
+n = 256
+
+[trainer]
+steps = 4
+batch_size = 16
+chain_augment = false
+buffer_size = 64
+ent_bank = 8
+ent_min_buffer = 8
+log_every = 2
+checkpoint_every = 2
+seed = {seed}
+
+[trainer.sampler]
+step_size = 0.01
+noise = "exact"
+steps = 3
+
+[sampling]
+step_size = 0.01
+noise = "exact"
+steps = 5
+"""
+
+runner = CliRunner()
+
+
+def _train(recipe: Path, out: Path, *extra: str):
+    return runner.invoke(app, ["train", str(recipe), "--out", str(out), "--no-progress", *extra])
+
+
+def test_one_recipe_trains_to_bit_identical_weights(tmp_path):
+    recipe = tmp_path / "toy.toml"
+    recipe.write_text(TOY.format(seed=3))
+    for run in ("a", "b"):
+        assert _train(recipe, tmp_path / run).exit_code == 0
+    a = (tmp_path / "a" / "model" / "model.safetensors").read_bytes()
+    assert a == (tmp_path / "b" / "model" / "model.safetensors").read_bytes()
+    other = tmp_path / "other.toml"
+    other.write_text(TOY.format(seed=4))
+    assert _train(other, tmp_path / "c").exit_code == 0
+    assert a != (tmp_path / "c" / "model" / "model.safetensors").read_bytes()
+
+
+def test_resume_refuses_a_changed_recipe_naming_the_keys(tmp_path):
+    recipe = tmp_path / "toy.toml"
+    recipe.write_text(TOY.format(seed=3))
+    assert _train(recipe, tmp_path / "run").exit_code == 0
+    changed = tmp_path / "changed.toml"
+    changed.write_text(TOY.format(seed=3).replace("batch_size = 16", "batch_size = 8"))
+    result = _train(changed, tmp_path / "run", "--steps", "6")
+    assert result.exit_code == 2
+    assert "batch_size (16 -> 8)" in result.output and "--allow-config-change" in result.output
+    # more steps is no change of recipe
+    assert _train(recipe, tmp_path / "run", "--steps", "6").exit_code == 0
+    allowed = _train(changed, tmp_path / "run", "--steps", "8", "--allow-config-change")
+    assert allowed.exit_code == 0, allowed.output
+    events = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    change = next(e for e in events if e.get("event") == "config_changed")
+    assert change["changes"] == {"batch_size": {"old": 16, "new": 8}}
+
+
+class FlakyBlobEnergy(MLPEnergy):
+    calls = 0
+    poison_call = -1
+
+    def energy(self, x, labels):
+        FlakyBlobEnergy.calls += 1
+        e = super().energy(x, labels)
+        return e * float("nan") if FlakyBlobEnergy.calls == FlakyBlobEnergy.poison_call else e
+
+
+def test_a_fresh_run_never_rolls_back_into_an_older_runs_checkpoint(tmp_path):
+    cfg = _blob_config(steps=6, checkpoint_every=3)
+    Trainer(MLPEnergy(MLPConfig(hidden=8, depth=2, value_range=(-4.0, 4.0), attributes={"side": ("l", "r")})),
+            Blobs(200, 0), cfg, out_dir=tmp_path).fit()
+    # a new run in the same folder (no resume) faults in its 2nd iteration, before its first checkpoint
+    FlakyBlobEnergy.calls, FlakyBlobEnergy.poison_call = 0, 15
+    fresh = Trainer(FlakyBlobEnergy(MLPConfig(hidden=8, depth=2, value_range=(-4.0, 4.0), attributes={"side": ("l", "r")})),
+                    Blobs(200, 0), cfg, out_dir=tmp_path)
+    summary = fresh.fit()
+    assert summary.rollbacks == 1 and summary.faults[0]["step"] == 2
+    events = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert next(e for e in events if e.get("event") == "rolled_back")["to_step"] == 0
+
+
+def test_resnet_model_of_a_shapes_recipe_builds():
+    """The recipes' 16x16 single-tower network runs on 16x16 Shapes."""
+    model = ResNetEnergy(tiny_config(image_size=16, attributes={"shape": ("circle", "square", "triangle")}))
+    assert model(torch.rand(2, 3, 16, 16)).shape == (2,)
