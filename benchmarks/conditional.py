@@ -8,7 +8,8 @@ images with the same conditioned value, in units of the seen spread.
 
     python -m benchmarks.conditional --train                      # train every recipe, then evaluate
     python -m benchmarks.conditional --runs runs/shapes           # evaluate runs/shapes/<attribute>
-    python -m benchmarks.conditional --runs runs/before --recipe-suffix=-before --label before
+    python -m benchmarks.conditional --runs runs/before --recipes "recipes/ablations/shapes-{attribute}-before.toml" \
+        --attributes shape color --label before
 
 Runs are ``cebm train`` run folders; an unfinished run is read from its latest checkpoint's EMA.
 """
@@ -32,7 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "shapes", help="folder of <attribute> run folders")
     parser.add_argument("--attributes", nargs="+", default=list(ATTRIBUTES), choices=ATTRIBUTES)
-    parser.add_argument("--recipe-suffix", default="", help="read recipes/shapes-<attribute><suffix>.toml")
+    parser.add_argument("--recipes", default="recipes/shapes-{attribute}.toml", help="recipe path template")
     parser.add_argument("--train", action="store_true", help="train each recipe into RUNS/<attribute> first")
     parser.add_argument("--classifier", type=Path, default=ROOT / "runs" / "shapes-classifier")
     parser.add_argument("--n", type=int, default=256, help="samples per value")
@@ -49,7 +50,7 @@ def main() -> None:
     seen = shapes(3000, 16, seed=6, holdout=HOLDOUT, split="train")
     rows, results = [], {}
     for attribute in args.attributes:
-        recipe = ROOT / "recipes" / f"shapes-{attribute}{args.recipe_suffix}.toml"
+        recipe = ROOT / args.recipes.format(attribute=attribute)
         run = args.runs / attribute
         wall = train_run(attribute, run, recipe=recipe) if args.train else None
         spec = load_recipe(recipe)
@@ -85,7 +86,8 @@ def main() -> None:
         f"## Conditional attribute models on Shapes ({args.label})",
         "",
         f"`python -m benchmarks.conditional --runs {args.runs.relative_to(ROOT) if args.runs.is_relative_to(ROOT) else args.runs}"
-        f" --label {args.label}{' --recipe-suffix=' + args.recipe_suffix if args.recipe_suffix else ''}` on {machine()}.",
+        f" --label {args.label}"
+        f"{' --recipes ' + args.recipes if args.recipes != parser.get_default('recipes') else ''}` on {machine()}.",
         f"{args.n} samples per value with each model's default sampler settings, read by the Shapes attribute",
         "classifier (accuracy on 2000 clean 16x16 renders: "
         + ", ".join(f"{a} {v:.3f}" for a, v in clf_acc.items()) + ").",

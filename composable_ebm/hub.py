@@ -92,15 +92,31 @@ def load_model(source: str | Path, device: torch.device | str = "cpu", revision:
     return model.to(device).eval()
 
 
+BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+
+
+def bundled_models() -> list[str]:
+    """Short names of the models shipped inside the package (``load("shapes-color")``)."""
+    if not BUNDLED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in BUNDLED_DIR.iterdir() if (p / CONFIG_NAME).is_file())
+
+
 def resolve_source(source: str | Path, revision: str | None = None) -> Path:
-    """A local folder as is; ``"org/name"`` downloaded (or taken from the cache) from the Hub."""
+    """A local folder as is; a bundled model's short name; ``"org/name"`` downloaded (or taken from the cache)
+    from the Hub."""
     path = Path(source)
     if path.is_dir():
         return path
     text = str(source)
+    if text in bundled_models():
+        return BUNDLED_DIR / text
     if text.count("/") == 1 and not text.startswith((".", "/")):
         from huggingface_hub import snapshot_download
 
         local = snapshot_download(repo_id=text, revision=revision, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME])
         return Path(local)
-    raise FileNotFoundError(f"{source!r} is neither a model folder nor a Hub repository id ('org/name')")
+    raise FileNotFoundError(
+        f"{source!r} is neither a model folder, a bundled model ({', '.join(bundled_models()) or 'none installed'})"
+        " nor a Hub repository id ('org/name')"
+    )
