@@ -9,6 +9,7 @@ from composable_ebm.training.losses import (
     entropy_loss,
     frozen_energy,
     nearest_neighbour_distance,
+    label_loss,
     opt_loss,
 )
 from composable_ebm.training.trainer import (
@@ -37,6 +38,7 @@ __all__ = [
     "init_distributed",
     "load_checkpoint",
     "nearest_neighbour_distance",
+    "label_loss",
     "opt_loss",
     "read_log",
     "save_atomic",

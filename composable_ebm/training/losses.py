@@ -8,6 +8,11 @@
   step, kept differentiable in ``theta`` through that step's ``dE/dx`` (Eq. 6);
 - ``L_ent = mean -log NN(x^, X)``, the nearest-neighbour entropy estimate against past
   samples ``X`` (Eq. 7).
+
+Optionally, for conditional energies, ``L_label``: the cross-entropy of ``softmax_y(-E(x+ | y))``
+against each positive's label, one attribute at a time (the joint energy-classifier view of
+Grathwohl et al. 2020). It is not part of the paper's objective; it makes ``argmin_y E(x | y)`` the
+data's label where contrastive divergence alone leaves two labels' energies almost equal.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
@@ -59,3 +65,19 @@ def nearest_neighbour_distance(x: Tensor, bank: Tensor) -> Tensor:
 def entropy_loss(x_hat: Tensor, bank: Tensor, eps: float = 1e-8) -> Tensor:
     """``L_ent = mean -log NN(x_hat, bank)``; ``eps`` keeps ``log`` finite for an exact duplicate."""
     return -torch.log(nearest_neighbour_distance(x_hat, bank) + eps).mean()
+
+
+def label_loss(energy: Energy, x_pos: Tensor, labels: Labels) -> Tensor:
+    """``L_label``: mean over conditioned attributes of the cross-entropy of ``softmax(-E(x+ | y))``.
+
+    For each attribute ``a`` with ``K`` values, the positives are evaluated under every value of ``a``
+    (the other attributes keep their labels): ``K`` forwards of the batch, logits ``-E``.
+    """
+    terms = []
+    for attr, target in labels.items():
+        k = len(energy.attributes[attr])
+        repeated = {a: v.repeat(k) for a, v in labels.items()}
+        repeated[attr] = torch.arange(k, device=target.device).repeat_interleave(x_pos.shape[0])
+        e = energy(x_pos.repeat(k, *([1] * (x_pos.dim() - 1))), repeated).view(k, -1)  # (K, B)
+        terms.append(F.cross_entropy(-e.T, target.long()))
+    return torch.stack(terms).mean()

@@ -45,7 +45,7 @@ from composable_ebm.training.buffer import ReplayBuffer
 from composable_ebm.training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_atomic
 from composable_ebm.training.faults import Fault, TrainingDiverged, fault_reason, raise_if_any_rank_faulted
 from composable_ebm.training.log import LOG_NAME, RunLog
-from composable_ebm.training.losses import cd_loss, entropy_loss, opt_loss
+from composable_ebm.training.losses import cd_loss, entropy_loss, label_loss, opt_loss
 
 # settings a resume may change without being asked: how long to train and how often to log or save
 RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every"})
@@ -66,6 +66,7 @@ class TrainerConfig(JSONConfig):
     chain_augment: AugmentConfig | None = field(default_factory=lambda: AugmentConfig(crop_scale=(0.02, 1.0)))
     data_augment: AugmentConfig | None = None  # augmentation of the positives (changes only what the model ignores)
     negative_labels: Literal["positives", "buffer"] = "positives"  # the condition each chain runs under
+    label_weight: float = 0.0  # L_label, cross-entropy of softmax_y(-E(x+ | y)) (not in the paper; 0: off)
     buffer_size: int = 10000
     buffer_policy: Literal["reservoir", "fifo"] = "reservoir"
     reinit_prob: float = 0.001  # chain starts from fresh noise (experiments: 0.1%; Algorithm 1: 1%)
@@ -94,6 +95,8 @@ class TrainerConfig(JSONConfig):
             )
         if self.negative_labels not in ("positives", "buffer"):
             raise ValueError(f"unknown negative_labels {self.negative_labels!r}; valid choices: ['buffer', 'positives']")
+        if self.label_weight < 0:
+            raise ValueError(f"label_weight must be >= 0, got {self.label_weight}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0.0 <= self.reinit_prob <= 1.0:
@@ -119,6 +122,7 @@ class ObjectiveOutput:
     cd: Tensor  # L_CD with its L2 regulariser
     opt: Tensor | None  # weighted L_opt, None when kl_opt is off
     ent: Tensor | None  # weighted L_ent, None when off or before the buffer holds ent_min_buffer samples
+    label: Tensor | None  # weighted L_label, None when label_weight is 0 or the energy is unconditional
     e_pos: Tensor  # mean energy of the positives (detached)
     e_neg: Tensor  # mean energy of the negatives (detached)
     langevin_grad_norm: Tensor  # mean |dE/dx| at the last step's start (detached)
@@ -132,8 +136,8 @@ class ObjectiveOutput:
 
     @property
     def loss(self) -> Tensor:
-        kl = self.kl
-        return self.cd if kl is None else self.cd + kl
+        terms = [t for t in (self.kl, self.label) if t is not None]
+        return sum(terms, self.cd)
 
 
 class ImprovedCDObjective(nn.Module):
@@ -160,6 +164,7 @@ class ImprovedCDObjective(nn.Module):
         cfg, s = self.config, self.config.sampler
         use_ent = cfg.kl_ent and bank is not None
         differentiable = cfg.kl_opt or use_ent
+        use_label = cfg.label_weight > 0 and bool(pos_labels)
         prev = evaluate(self.energy, x_prev, neg_labels, s.precision, create_graph=differentiable)
         # the last Langevin step, differentiable in the parameters through prev.grad
         x_hat = langevin_update(x_prev, prev.grad, s, step_noise, clamp_bounds(self.energy, s))
@@ -170,6 +175,7 @@ class ImprovedCDObjective(nn.Module):
             cd=cd_loss(e_pos, e_neg, cfg.cd_l2),
             opt=cfg.opt_weight * opt_loss(self.energy, x_hat, neg_labels) if cfg.kl_opt else None,
             ent=cfg.ent_weight * entropy_loss(x_hat, bank) if use_ent else None,
+            label=cfg.label_weight * label_loss(self.energy, x_pos, pos_labels) if use_label else None,
             e_pos=e_pos.detach().mean(),
             e_neg=e_neg.detach().mean(),
             langevin_grad_norm=chain_grad_norm(prev.grad.detach()),
@@ -311,6 +317,7 @@ class Trainer:
             "loss_cd": float(out.cd.detach()),
             "loss_opt": float(out.opt.detach()) if out.opt is not None else 0.0,
             "loss_ent": float(out.ent.detach()) if out.ent is not None else 0.0,
+            "loss_label": float(out.label.detach()) if out.label is not None else 0.0,
             "e_pos": float(out.e_pos),
             "e_neg": float(out.e_neg),
             "e_diff": float(out.e_pos - out.e_neg),
