@@ -63,8 +63,8 @@ def main() -> None:
             " circle held out. See the recipe's comments for which augmentations its positives had: channel"
             " permutations (shape, size and position models) can draw a red circle from a green or blue one.",
             f"Trained on {args.device} in about {_training_minutes(run):.0f} minutes (from the logged step times),"
-            " sharing two cores with three other runs. Small, briefly trained models: check the accuracies above"
-            " before relying on a combination.",
+            " one thread, sharing the machine's two cores with other training runs and benchmarks. Small, briefly"
+            " trained models: check the accuracies below before relying on a combination.",
             "", "## Reproduce", "", "```bash", f"cebm train recipes/shapes-{attribute}.toml --out runs/{attribute}",
             "```", "", *quality,
         ])

@@ -15,7 +15,7 @@ from composable_ebm.cli import app
 from composable_ebm.evaluation import AttributeClassifier, ClassifierConfig, train_classifier
 from composable_ebm.recipes import load_recipe
 from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment
-from composable_ebm.training import Trainer, TrainerConfig, label_loss
+from composable_ebm.training import Trainer, TrainerConfig, label_loss, other_values
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,24 +82,30 @@ def test_conditional_energy_classifies_fresh_data_without_label_offsets():
     assert accuracy > 0.95
 
 
-def test_label_loss_is_the_cross_entropy_of_minus_energies_over_each_attributes_values():
+def test_label_loss_contrasts_each_positive_with_itself_under_another_value():
     torch.manual_seed(0)
     attrs = {"side": ("l", "r"), "tone": ("a", "b", "c")}
     model = MLPEnergy(MLPConfig(hidden=16, depth=2, value_range=(-4.0, 4.0), attributes=attrs))
-    x = torch.randn(5, 2)
-    labels = {"side": torch.tensor([0, 1, 1, 0, 1]), "tone": torch.tensor([2, 0, 1, 1, 0])}
-    expected = []
-    for attr, values in attrs.items():
-        logits = torch.stack([-model(x, {**labels, attr: torch.full((5,), v)}) for v in range(len(values))], dim=1)
-        expected.append(torch.nn.functional.cross_entropy(logits, labels[attr]))
-    assert torch.allclose(label_loss(model, x, labels), torch.stack(expected).mean(), atol=1e-6)
+    x = torch.randn(500, 2)
+    labels = {"side": torch.randint(2, (500,)), "tone": torch.randint(3, (500,))}
+    others = other_values(labels, attrs, torch.Generator().manual_seed(1))
+    for attr in attrs:  # always another value, each of them about equally often
+        assert bool((others[attr] != labels[attr]).all())
+        counts = torch.bincount((others[attr] - labels[attr]) % len(attrs[attr]), minlength=len(attrs[attr]))
+        assert counts[0] == 0 and counts[1:].min() > 0.4 * len(x) / (len(attrs[attr]) - 1)
+    e_pos = model(x, labels)
+    expected = torch.stack([
+        e_pos.mean() - e.mean() + 0.5 * e.pow(2).mean()
+        for e in (model(x, {**labels, a: others[a]}) for a in attrs)
+    ]).mean()
+    assert torch.allclose(label_loss(model, x, e_pos, labels, others, l2_weight=0.5), expected, atol=1e-6)
 
 
 def test_label_weight_adds_the_label_term_to_the_loss_only_when_asked():
     torch.manual_seed(0)
     model = MLPEnergy(MLPConfig(hidden=16, depth=2, value_range=(-4.0, 4.0), attributes={"side": ("l", "r")}))
     stats = Trainer(model, Blobs(200, 0), _blob_config(label_weight=2.0)).train_step()
-    assert stats["loss_label"] > 0
+    assert stats["loss_label"] != 0.0
     assert stats["loss"] == pytest.approx(stats["loss_cd"] + stats["loss_opt"] + stats["loss_ent"] + stats["loss_label"], rel=1e-5)
     assert Trainer(model, Blobs(200, 0), _blob_config()).train_step()["loss_label"] == 0.0
     with pytest.raises(ValueError, match="label_weight must be >= 0"):

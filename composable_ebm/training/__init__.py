@@ -11,6 +11,7 @@ from composable_ebm.training.losses import (
     nearest_neighbour_distance,
     label_loss,
     opt_loss,
+    other_values,
 )
 from composable_ebm.training.trainer import (
     ImprovedCDObjective,
@@ -40,6 +41,7 @@ __all__ = [
     "nearest_neighbour_distance",
     "label_loss",
     "opt_loss",
+    "other_values",
     "read_log",
     "save_atomic",
 ]

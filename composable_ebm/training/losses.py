@@ -9,10 +9,13 @@
 - ``L_ent = mean -log NN(x^, X)``, the nearest-neighbour entropy estimate against past
   samples ``X`` (Eq. 7).
 
-Optionally, for conditional energies, ``L_label``: the cross-entropy of ``softmax_y(-E(x+ | y))``
-against each positive's label, one attribute at a time (the joint energy-classifier view of
-Grathwohl et al. 2020). It is not part of the paper's objective; it makes ``argmin_y E(x | y)`` the
-data's label where contrastive divergence alone leaves two labels' energies almost equal.
+Optionally, for conditional energies, ``L_label``: a second contrastive term whose negatives are
+the positives themselves under another value of one conditioned attribute,
+``mean E(x+ | y) - mean E(x+ | y') + alpha * mean E(x+ | y')^2`` (not in the paper). Contrastive
+divergence learns a value's energy only from chains run under that value; while the sampler cannot
+draw the detail that separates two values, nothing tells their energies apart. The L2 term bounds
+the gap (at ``1 / (2 alpha)`` per image), keeping the energy on the scale of models trained without
+it, which matters when energies are added.
 """
 
 from __future__ import annotations
@@ -67,17 +70,26 @@ def entropy_loss(x_hat: Tensor, bank: Tensor, eps: float = 1e-8) -> Tensor:
     return -torch.log(nearest_neighbour_distance(x_hat, bank) + eps).mean()
 
 
-def label_loss(energy: Energy, x_pos: Tensor, labels: Labels) -> Tensor:
-    """``L_label``: mean over conditioned attributes of the cross-entropy of ``softmax(-E(x+ | y))``.
+def other_values(labels: Labels, attributes: Mapping[str, tuple[str, ...]], generator: torch.Generator) -> dict[str, Tensor]:
+    """For each attribute, a uniformly drawn value different from each label ``(N,)``."""
+    out = {}
+    for attr, y in labels.items():
+        k = len(attributes[attr])
+        shift = torch.randint(1, k, y.shape, generator=generator, device=y.device) if k > 1 else torch.zeros_like(y)
+        out[attr] = (y + shift) % k
+    return out
 
-    For each attribute ``a`` with ``K`` values, the positives are evaluated under every value of ``a``
-    (the other attributes keep their labels): ``K`` forwards of the batch, logits ``-E``.
+
+def label_loss(
+    energy: Energy, x_pos: Tensor, e_pos: Tensor, labels: Labels, others: Labels, l2_weight: float = 1.0
+) -> Tensor:
+    """``L_label``: mean over conditioned attributes ``a`` of
+    ``mean E(x+ | y) - mean E(x+ | y with a := others[a]) + l2_weight * mean E(x+ | ...)^2``.
+
+    ``e_pos`` is ``E(x+ | y)`` (already computed for ``L_CD``); one forward per attribute.
     """
     terms = []
-    for attr, target in labels.items():
-        k = len(energy.attributes[attr])
-        repeated = {a: v.repeat(k) for a, v in labels.items()}
-        repeated[attr] = torch.arange(k, device=target.device).repeat_interleave(x_pos.shape[0])
-        e = energy(x_pos.repeat(k, *([1] * (x_pos.dim() - 1))), repeated).view(k, -1)  # (K, B)
-        terms.append(F.cross_entropy(-e.T, target.long()))
+    for attr in labels:
+        e_other = energy(x_pos, {**labels, attr: others[attr]})
+        terms.append(e_pos.mean() - e_other.mean() + l2_weight * e_other.pow(2).mean())
     return torch.stack(terms).mean()

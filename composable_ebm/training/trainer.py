@@ -45,7 +45,7 @@ from composable_ebm.training.buffer import ReplayBuffer
 from composable_ebm.training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_atomic
 from composable_ebm.training.faults import Fault, TrainingDiverged, fault_reason, raise_if_any_rank_faulted
 from composable_ebm.training.log import LOG_NAME, RunLog
-from composable_ebm.training.losses import cd_loss, entropy_loss, label_loss, opt_loss
+from composable_ebm.training.losses import cd_loss, entropy_loss, label_loss, opt_loss, other_values
 
 # settings a resume may change without being asked: how long to train and how often to log or save
 RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every"})
@@ -66,7 +66,7 @@ class TrainerConfig(JSONConfig):
     chain_augment: AugmentConfig | None = field(default_factory=lambda: AugmentConfig(crop_scale=(0.02, 1.0)))
     data_augment: AugmentConfig | None = None  # augmentation of the positives (changes only what the model ignores)
     negative_labels: Literal["positives", "buffer"] = "positives"  # the condition each chain runs under
-    label_weight: float = 0.0  # L_label, cross-entropy of softmax_y(-E(x+ | y)) (not in the paper; 0: off)
+    label_weight: float = 0.0  # L_label: positives under another value as negatives (not in the paper; 0: off)
     buffer_size: int = 10000
     buffer_policy: Literal["reservoir", "fifo"] = "reservoir"
     reinit_prob: float = 0.001  # chain starts from fresh noise (experiments: 0.1%; Algorithm 1: 1%)
@@ -122,7 +122,7 @@ class ObjectiveOutput:
     cd: Tensor  # L_CD with its L2 regulariser
     opt: Tensor | None  # weighted L_opt, None when kl_opt is off
     ent: Tensor | None  # weighted L_ent, None when off or before the buffer holds ent_min_buffer samples
-    label: Tensor | None  # weighted L_label, None when label_weight is 0 or the energy is unconditional
+    label: Tensor | None  # weighted L_label, None when label_weight is 0 or no other labels are given
     e_pos: Tensor  # mean energy of the positives (detached)
     e_neg: Tensor  # mean energy of the negatives (detached)
     langevin_grad_norm: Tensor  # mean |dE/dx| at the last step's start (detached)
@@ -160,11 +160,12 @@ class ImprovedCDObjective(nn.Module):
         neg_labels: Labels | None,
         step_noise: Tensor,
         bank: Tensor | None,
+        other_labels: Labels | None = None,
     ) -> ObjectiveOutput:
         cfg, s = self.config, self.config.sampler
         use_ent = cfg.kl_ent and bank is not None
         differentiable = cfg.kl_opt or use_ent
-        use_label = cfg.label_weight > 0 and bool(pos_labels)
+        use_label = cfg.label_weight > 0 and bool(other_labels)
         prev = evaluate(self.energy, x_prev, neg_labels, s.precision, create_graph=differentiable)
         # the last Langevin step, differentiable in the parameters through prev.grad
         x_hat = langevin_update(x_prev, prev.grad, s, step_noise, clamp_bounds(self.energy, s))
@@ -175,7 +176,8 @@ class ImprovedCDObjective(nn.Module):
             cd=cd_loss(e_pos, e_neg, cfg.cd_l2),
             opt=cfg.opt_weight * opt_loss(self.energy, x_hat, neg_labels) if cfg.kl_opt else None,
             ent=cfg.ent_weight * entropy_loss(x_hat, bank) if use_ent else None,
-            label=cfg.label_weight * label_loss(self.energy, x_pos, pos_labels) if use_label else None,
+            label=cfg.label_weight * label_loss(self.energy, x_pos, e_pos, pos_labels, other_labels, cfg.cd_l2)
+            if use_label else None,
             e_pos=e_pos.detach().mean(),
             e_neg=e_neg.detach().mean(),
             langevin_grad_norm=chain_grad_norm(prev.grad.detach()),
@@ -310,7 +312,8 @@ class Trainer:
         bank = None
         if cfg.kl_ent and len(self.buffer) >= max(cfg.ent_min_buffer, 1):
             bank, _ = self.buffer.sample(cfg.ent_bank, self.generator)
-        out: ObjectiveOutput = self.objective(x_pos, pos_labels or None, x, labels, step_noise, bank)
+        others = other_values(pos_labels, model.attributes, self.generator) if cfg.label_weight and pos_labels else None
+        out: ObjectiveOutput = self.objective(x_pos, pos_labels or None, x, labels, step_noise, bank, others)
         loss = out.loss
         stats = {
             "loss": float(loss.detach()),
