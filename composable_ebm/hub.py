@@ -117,6 +117,6 @@ def resolve_source(source: str | Path, revision: str | None = None) -> Path:
         local = snapshot_download(repo_id=text, revision=revision, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME])
         return Path(local)
     raise FileNotFoundError(
-        f"{source!r} is neither a model folder, a bundled model ({', '.join(bundled_models()) or 'none installed'})"
+        f"'{text}' is neither a model folder, a bundled model ({', '.join(bundled_models()) or 'none installed'})"
         " nor a Hub repository id ('org/name')"
     )

@@ -95,7 +95,7 @@ def test_label_loss_contrasts_each_positive_with_itself_under_another_value():
         assert counts[0] == 0 and counts[1:].min() > 0.4 * len(x) / (len(attrs[attr]) - 1)
     e_pos = model(x, labels)
     expected = torch.stack([
-        e_pos.mean() - e.mean() + 0.5 * e.pow(2).mean()
+        e_pos.mean() - e.mean() + 0.5 * (e_pos.pow(2).mean() + e.pow(2).mean())
         for e in (model(x, {**labels, a: others[a]}) for a in attrs)
     ]).mean()
     assert torch.allclose(label_loss(model, x, e_pos, labels, others, l2_weight=0.5), expected, atol=1e-6)

@@ -33,8 +33,9 @@ def test_hub_id_resolves_through_snapshot_download_from_a_prefilled_cache(tmp_pa
 
 
 def test_a_source_that_is_neither_folder_nor_repo_id_is_rejected(tmp_path):
-    with pytest.raises(FileNotFoundError, match="neither a model folder nor a Hub repository id"):
+    with pytest.raises(FileNotFoundError, match="is neither a model folder, a bundled model .* nor a Hub repository id") as err:
         load_model(tmp_path / "nowhere" / "deep")
+    assert str(err.value).startswith(f"'{tmp_path / 'nowhere' / 'deep'}'")
 
 
 def test_failed_save_keeps_the_previous_model_files(tmp_path, monkeypatch):

@@ -11,11 +11,11 @@
 
 Optionally, for conditional energies, ``L_label``: a second contrastive term whose negatives are
 the positives themselves under another value of one conditioned attribute,
-``mean E(x+ | y) - mean E(x+ | y') + alpha * mean E(x+ | y')^2`` (not in the paper). Contrastive
-divergence learns a value's energy only from chains run under that value; while the sampler cannot
-draw the detail that separates two values, nothing tells their energies apart. The L2 term bounds
-the gap (at ``1 / (2 alpha)`` per image), keeping the energy on the scale of models trained without
-it, which matters when energies are added.
+``mean E(x+ | y) - mean E(x+ | y') + alpha * mean(E(x+ | y)^2 + E(x+ | y')^2)`` (not in the
+paper). Contrastive divergence learns a value's energy only from chains run under that value;
+while the sampler cannot draw the detail that separates two values, nothing tells their energies
+apart. The L2 term bounds both energies near ``-/+ 1 / (2 alpha)`` whatever the weight, keeping
+the energy on the scale of models trained without it, which matters when energies are added.
 """
 
 from __future__ import annotations
@@ -83,13 +83,10 @@ def other_values(labels: Labels, attributes: Mapping[str, tuple[str, ...]], gene
 def label_loss(
     energy: Energy, x_pos: Tensor, e_pos: Tensor, labels: Labels, others: Labels, l2_weight: float = 1.0
 ) -> Tensor:
-    """``L_label``: mean over conditioned attributes ``a`` of
-    ``mean E(x+ | y) - mean E(x+ | y with a := others[a]) + l2_weight * mean E(x+ | ...)^2``.
+    """``L_label``: mean over conditioned attributes ``a`` of ``cd_loss(E(x+ | y), E(x+ | y'), l2_weight)``
+    where ``y'`` is ``y`` with ``a := others[a]``.
 
     ``e_pos`` is ``E(x+ | y)`` (already computed for ``L_CD``); one forward per attribute.
     """
-    terms = []
-    for attr in labels:
-        e_other = energy(x_pos, {**labels, attr: others[attr]})
-        terms.append(e_pos.mean() - e_other.mean() + l2_weight * e_other.pow(2).mean())
+    terms = [cd_loss(e_pos, energy(x_pos, {**labels, attr: others[attr]}), l2_weight) for attr in labels]
     return torch.stack(terms).mean()
