@@ -5,7 +5,8 @@ their measured quality.
 
 Reads ``RUNS/<attribute>/model`` (from ``cebm train``), ``RUNS/conditional-after.json`` (from
 ``benchmarks.conditional``) and ``runs/composition.json`` (from ``benchmarks.composition``, when it
-exists), and the classifier from ``runs/shapes-classifier``.
+exists), and the classifier from ``runs/shapes-classifier``. Writes each model's card into its
+folder (``README.md``) and into ``model_cards/``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from benchmarks._shapes import ATTRIBUTES, ROOT
 from composable_ebm.hub import BUNDLED_DIR, load_model, save_model
 from composable_ebm.model_cards import model_card
 from composable_ebm.training import read_log
+
+CARDS_DIR = ROOT / "model_cards"  # the cards of the bundled models, as rendered into each model folder
 
 
 def _training_minutes(run: Path) -> float:
@@ -71,13 +74,17 @@ def main() -> None:
         card = model_card(model, recipe=recipe.read_text(), recipe_name=recipe.name,
                           steps=max(r["step"] for r in read_log(run) if "step" in r), notes=notes)
         save_model(model, BUNDLED_DIR / f"shapes-{attribute}", card=card)
+        CARDS_DIR.mkdir(exist_ok=True)
+        (CARDS_DIR / f"shapes-{attribute}.md").write_text(card)
         print(f"bundled shapes-{attribute}")
     classifier = load_model(ROOT / "runs" / "shapes-classifier")
     acc = conditional["classifier_accuracy"]
-    save_model(classifier, BUNDLED_DIR / "shapes-classifier", card=model_card(classifier, notes=(
+    card = model_card(classifier, notes=(
         "Reads shape, colour, size and position of 16x16 Shapes images; trained on every combination"
         " (`benchmarks/_shapes.py`). Accuracy on 2000 fresh clean renders: "
-        + ", ".join(f"{a} {v:.3f}" for a, v in acc.items()) + ".")))
+        + ", ".join(f"{a} {v:.3f}" for a, v in acc.items()) + "."))
+    save_model(classifier, BUNDLED_DIR / "shapes-classifier", card=card)
+    (CARDS_DIR / "shapes-classifier.md").write_text(card)
     print("bundled shapes-classifier")
 
 

@@ -48,7 +48,10 @@ def main() -> None:
     print("classifier accuracy on 2000 clean renders:", {a: round(v, 4) for a, v in clf_acc.items()}, flush=True)
     heldout = shapes(600, 16, seed=5, holdout=HOLDOUT, split="heldout")
     seen = shapes(3000, 16, seed=6, holdout=HOLDOUT, split="train")
-    rows, results = [], {}
+    out = args.runs / f"conditional-{args.label}.json"
+    # a run over some attributes keeps the other attributes' rows from the last run with this label
+    kept = {a: r for a, r in json.loads(out.read_text())["results"].items() if a not in args.attributes} if out.exists() else {}
+    results = {}
     for attribute in args.attributes:
         recipe = ROOT / args.recipes.format(attribute=attribute)
         run = args.runs / attribute
@@ -62,6 +65,7 @@ def main() -> None:
         aug = spec.trainer.data_augment
         changes = sorted(aug.changes()) if aug is not None else []
         makes_heldout = "hue" in changes  # a colour change of a green or blue circle draws a red circle
+        rows = []
         for r in reports:
             dev = r.coverage_deviation
             gap = gaps.get(r.value)
@@ -73,13 +77,15 @@ def main() -> None:
             )
             print(rows[-1], flush=True)
         results[attribute] = {
+            "rows": rows,
             "wall_seconds": wall,
             "values": {r.value: {"accuracy": r.accuracy, "other": r.other, "data_other": r.data_other,
                                  "coverage_deviation": r.coverage_deviation} for r in reports},
             "gaps": {v: {"gap": g.gap, "heldout_mean": g.heldout_mean, "seen_mean": g.seen_mean,
                          "seen_std": g.seen_std} for v, g in gaps.items()},
         }
-    out = args.runs / f"conditional-{args.label}.json"
+    results = {a: results.get(a) or kept[a] for a in ATTRIBUTES if a in results or a in kept}
+    rows = [row for r in results.values() for row in r.get("rows", [])]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"classifier_accuracy": clf_acc, "results": results}, indent=2))
     lines = [
@@ -93,6 +99,8 @@ def main() -> None:
         + ", ".join(f"{a} {v:.3f}" for a, v in clf_acc.items()) + ").",
         "Coverage: largest gap between the samples' and the training data's distribution of each other",
         "attribute. Gap: held-out (red circle) minus seen mean energy under the same value, in seen spreads.",
+        *([f"Measured in this run: {', '.join(args.attributes)}; the other rows are kept from the last run with this label."]
+          if kept else []),
         "",
         "| run | attribute | value | accuracy | coverage gap per other attribute | max | energy gap |"
         " positives' augmentation changes | can draw a red circle |",
