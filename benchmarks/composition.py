@@ -79,12 +79,18 @@ def main() -> None:
     square_base = float((classifier.predict(base)["shape"] == 1).float().mean())
     square_neg = float((classifier.predict(negated)["shape"] == 1).float().mean())
     blue_neg = float((classifier.predict(negated)["color"] == 2).float().mean())
+    # a weight on the weaker model: the same green triangles with the shape model's energy counted three times
+    weighted_text = "color[color=green] + 3 * shape[shape=triangle]"
+    weighted = compositional_accuracy(parse(weighted_text).sample(args.n, seed=102), classifier,
+                                      {"color": "green", "shape": "triangle"})
     seconds = time.perf_counter() - t0
     out = ROOT / "runs" / "composition.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"conjunctions": results, "disjunction": {"red": red, "blue": blue},
                                "negation": {"square_base": square_base, "square_negated": square_neg,
-                                            "blue_negated": blue_neg}}, indent=2))
+                                            "blue_negated": blue_neg},
+                               "weighted": {"expression": weighted_text, "per_attribute": weighted.per_attribute,
+                                            "joint": weighted.joint}}, indent=2))
     lines = [
         "## Composition of the bundled Shapes models",
         "",
@@ -104,6 +110,8 @@ def main() -> None:
         f" (red {red:.3f}, blue {blue:.3f}).",
         f"Negation `color[color=blue] - 0.5 * shape[shape=square]`: squares in {square_neg:.3f} of samples against"
         f" {square_base:.3f} for `color[color=blue]` alone; blue in {blue_neg:.3f}.",
+        f"Weights: `{weighted_text}` reads green {weighted.per_attribute['color']:.3f}, triangle"
+        f" {weighted.per_attribute['shape']:.3f}, joint {weighted.joint:.3f} (the unweighted sum is in the table).",
         "",
         "![red + circle + large, 16 samples](images/red_large_circles.png)",
     ]
