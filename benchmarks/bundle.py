@@ -5,7 +5,8 @@ their measured quality.
 
 Reads ``RUNS/<attribute>/model`` (from ``cebm train``), ``RUNS/conditional-after.json`` (from
 ``benchmarks.conditional``) and ``runs/composition.json`` (from ``benchmarks.composition``, when it
-exists), and the classifier from ``runs/shapes-classifier``. Writes each model's card into its
+exists), ``runs/ablations.json`` (from ``benchmarks.ablations``, when it exists) and the classifier
+from ``runs/shapes-classifier``. Writes each model's card into its
 folder (``README.md``) and into ``model_cards/``.
 """
 
@@ -41,6 +42,8 @@ def main() -> None:
     conditional = json.loads((args.runs / "conditional-after.json").read_text())
     composition_path = ROOT / "runs" / "composition.json"
     composition = json.loads(composition_path.read_text()) if composition_path.is_file() else None
+    ablations_path = ROOT / "runs" / "ablations.json"
+    ablations = json.loads(ablations_path.read_text()) if ablations_path.is_file() else None
     for attribute in ATTRIBUTES:
         run = args.runs / attribute
         model = load_model(run / "model")
@@ -60,6 +63,15 @@ def main() -> None:
                         "| expression | combination | joint accuracy |", "| --- | --- | --- |"]
             quality += [f"| `{c['expression']}` | {'held out' if c['held_out'] else 'seen'} | {c['joint']:.3f} |"
                         for c in rows]
+        if attribute == "shape" and ablations is not None:
+            quality += ["", "Ablations at the same budget (`python -m benchmarks.ablations`; alone: samples read as"
+                        " the value asked for; composed: joint accuracy):", "",
+                        "| shape model | circle | square | triangle | " + " | ".join(
+                            f"`{t}`" for t in next(iter(ablations.values()))["composed"]) + " |",
+                        "| --- " * (4 + len(next(iter(ablations.values()))["composed"])) + "|"]
+            quality += [f"| {label} | " + " | ".join(f"{v:.3f}" for v in r["alone"].values()) + " | "
+                        + " | ".join(f"{v:.3f}" for v in r["composed"].values()) + " |"
+                        for label, r in ablations.items()]
         notes = "\n".join([
             "## Data and limitations", "",
             "Trained on the procedural Shapes dataset (16x16, `composable_ebm.shapes`, training split) with every red"

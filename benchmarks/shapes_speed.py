@@ -74,10 +74,15 @@ def main() -> None:
         "## Training iteration, Shapes attribute recipe (16x16, batch 32, 20 Langevin steps, KL loss on)",
         "",
         f"`python -m benchmarks.shapes_speed --iters {args.iters}` on {machine()}; median of {args.iters} iterations.",
+        "Every row runs the shape recipe's trainer settings (label term on); only the network or precision differs.",
         "",
         "| network | s / iteration | speed-up over the previous network |",
         "| --- | --- | --- |",
         *rows,
+        "",
+        "The recipes use the float32 one-tower network. bfloat16 sampling pays off for the paper's 32x32 network",
+        "(the sampling table above) but not for this small one on this CPU, nor do channels_last weights;",
+        "`torch.compile` is not wired into the trainer.",
     ]))
 
 
