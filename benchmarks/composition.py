@@ -19,6 +19,8 @@ import torch
 from benchmarks._report import machine, write_section
 from benchmarks._shapes import ROOT
 from composable_ebm import compositional_accuracy, save_image_grid
+from composable_ebm.data.datasets import SHAPES_ATTRIBUTES
+from composable_ebm.energy import value_index
 from composable_ebm.expression import parse_expression
 from composable_ebm.hub import BUNDLED_DIR, load_model
 
@@ -72,13 +74,14 @@ def main() -> None:
     # disjunction: either side, and the balance between the two
     either = parse("color[color=red] | color[color=blue]").sample(args.n, seed=100)
     pred = classifier.predict(either)["color"]
-    red, blue = float((pred == 0).float().mean()), float((pred == 2).float().mean())
+    red, blue = (float((pred == value_index(SHAPES_ATTRIBUTES, "color", v)).float().mean()) for v in ("red", "blue"))
     # negation relative to a base: blue objects that are not squares
     base = parse("color[color=blue]").sample(args.n, seed=101)
     negated = parse("color[color=blue] - 0.5 * shape[shape=square]").sample(args.n, seed=101)
-    square_base = float((classifier.predict(base)["shape"] == 1).float().mean())
-    square_neg = float((classifier.predict(negated)["shape"] == 1).float().mean())
-    blue_neg = float((classifier.predict(negated)["color"] == 2).float().mean())
+    square = value_index(SHAPES_ATTRIBUTES, "shape", "square")
+    square_base = float((classifier.predict(base)["shape"] == square).float().mean())
+    square_neg = float((classifier.predict(negated)["shape"] == square).float().mean())
+    blue_neg = float((classifier.predict(negated)["color"] == value_index(SHAPES_ATTRIBUTES, "color", "blue")).float().mean())
     # a weight on the weaker model: the same green triangles with the shape model's energy counted three times
     weighted_text = "color[color=green] + 3 * shape[shape=triangle]"
     weighted = compositional_accuracy(parse(weighted_text).sample(args.n, seed=102), classifier,
