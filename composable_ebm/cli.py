@@ -1,21 +1,89 @@
-"""The ``cebm`` command line: train, sample, compose, eval, plot, info."""
+"""The ``cebm`` command line: train, sample, compose, eval, plot, info.
+
+Every failure the library expects ends in one line on stderr that names the file or option,
+the problem and the valid choices (``--debug`` shows the traceback instead). Exit status: 0 on
+success, 1 on a failure at run time (a diverged run, a failed download), 2 on bad usage or bad input.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import torch
 import typer
+from safetensors import SafetensorError
+from typer.core import TyperGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Energy-based models that compose.")
+from composable_ebm.errors import CebmError, InvalidInputError
+
+DEBUG_KEY = "cebm.debug"
+
+
+def exit_code_for(err: BaseException) -> int | None:
+    """The exit status for an error the command line reports in one line; ``None``: a bug, shown whole."""
+    if isinstance(err, CebmError):
+        return err.exit_code
+    if isinstance(err, (ValueError, TypeError, KeyError, SafetensorError, OSError)):
+        return 2  # bad input: configs, files, arguments
+    if isinstance(err, RuntimeError):
+        return 1  # a failure at run time (out of memory, a device error)
+    return None
+
+
+def one_line(err: BaseException) -> str:
+    """An error's message on one line (at most 400 characters)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, KeyError):
+        text = f"missing key {text}"
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+class _Group(TyperGroup):
+    """Reports the library's errors as one line and an exit status instead of a traceback."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise  # typer's own: help, usage errors, exits
+        except Exception as err:
+            code = exit_code_for(err)
+            if code is None or ctx.meta.get(DEBUG_KEY):
+                raise
+            typer.secho(f"error: {one_line(err)}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(code) from err
+
+
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, help="Energy-based models that compose.",
+                  pretty_exceptions_enable=False)
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate models: compositional accuracy, OOD AUROC.")
 app.add_typer(eval_app, name="eval")
 
 
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")] = False,
+) -> None:
+    ctx.meta[DEBUG_KEY] = debug
+
+
 def _device(device: str | None) -> torch.device:
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """``--device``, checked: a malformed name or a device this machine lacks is one clear line."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    here = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise InvalidInputError(f"--device {device!r} is not a device name; valid choices here: {here}") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise InvalidInputError(f"--device {device}: no such CUDA device on this machine; valid choices here: {here}")
+    if dev.type not in ("cpu", "cuda"):
+        raise InvalidInputError(f"--device {device}: unsupported device type {dev.type!r}; valid choices here: {here}")
+    return dev
 
 
 def _parse_bindings(items: list[str]) -> dict[str, str]:
@@ -32,11 +100,6 @@ def _parse_bindings(items: list[str]) -> dict[str, str]:
 def _overrides(steps: int | None, rounds: int | None, step_size: float | None, precision: str | None) -> dict:
     given = {"steps": steps, "rounds": rounds, "step_size": step_size, "precision": precision}
     return {k: v for k, v in given.items() if v is not None}
-
-
-def _fail(err: Exception) -> typer.Exit:
-    typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-    return typer.Exit(code=2)
 
 
 StepsOpt = Annotated[Optional[int], typer.Option(help="Langevin steps per round (default: the model's).")]
@@ -59,27 +122,34 @@ def train(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train an energy with Algorithm 1 and save its EMA weights to OUT/model."""
+    from composable_ebm.recipes import build_dataset, build_model, load_recipe
+    from composable_ebm.training import Trainer, init_distributed
+
+    dev = _device(device)
+    spec = load_recipe(recipe)
+    if steps is not None and steps < 0:
+        raise InvalidInputError(f"--steps must be >= 0, got {steps}")
+    init_distributed()
+    data = build_dataset(spec.data)
+    model = build_model(spec, data)
+    trainer = Trainer(model, data, spec.trainer, out_dir=out, device=dev)
+    try:
+        _train(trainer, spec, model, recipe, out, steps, resume, allow_config_change, progress)
+    finally:
+        trainer.close()
+
+
+def _train(trainer, spec, model, recipe: Path, out: Path, steps: int | None, resume: bool, allow_config_change: bool,
+           progress: bool) -> None:
     from tqdm.auto import tqdm
 
     from composable_ebm.evaluation import plot_training_health
     from composable_ebm.hub import save_model
     from composable_ebm.model_cards import model_card
-    from composable_ebm.recipes import build_dataset, build_model, load_recipe
-    from composable_ebm.training import Trainer, TrainingDiverged, init_distributed, read_log
+    from composable_ebm.training import Trainer, read_log
 
-    try:
-        spec = load_recipe(recipe)
-        init_distributed()
-        data = build_dataset(spec.data)
-        model = build_model(spec, data)
-    except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
-        raise _fail(err) from err
-    trainer = Trainer(model, data, spec.trainer, out_dir=out, device=_device(device))
-    try:
-        if resume and trainer.resume(allow_config_change=allow_config_change):
-            typer.echo(f"resumed from step {trainer.step}")
-    except ValueError as err:
-        raise _fail(err) from err
+    if resume and trainer.resume(allow_config_change=allow_config_change):
+        typer.echo(f"resumed from step {trainer.step}")
     total = steps if steps is not None else spec.trainer.steps
     bar = tqdm(total=total, initial=trainer.step, disable=not progress or trainer.rank != 0, desc="training")
 
@@ -89,8 +159,6 @@ def train(
 
     try:
         summary = trainer.fit(total, callback=tick)
-    except TrainingDiverged as err:
-        raise _fail(err) from err
     finally:
         bar.close()
     if trainer.rank == 0:
@@ -121,14 +189,12 @@ def sample(
     """Sample one model (optionally conditioned) into an image grid."""
     from composable_ebm.hub import load_model
 
-    try:
-        energy = load_model(model, _device(device))
-        bindings = _parse_bindings(condition)
-        if bindings:
-            energy = energy.condition(**bindings)
-        _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision))
-    except (ValueError, FileNotFoundError) as err:
-        raise _fail(err) from err
+    _check_outputs(n, output, chain)
+    energy = load_model(model, _device(device))
+    bindings = _parse_bindings(condition)
+    if bindings:
+        energy = energy.condition(**bindings)
+    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision))
 
 
 @app.command()
@@ -145,12 +211,21 @@ def compose(
     device: DeviceOpt = None,
 ) -> None:
     """Compose models with the energy algebra (+, -, *, /, |, \\[attr=value]) and sample an image grid."""
-    try:
-        energy = _load_expression(expression, _device(device))
-        typer.echo(f"sampling {energy.expression()}")
-        _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision))
-    except (ValueError, FileNotFoundError) as err:
-        raise _fail(err) from err
+    _check_outputs(n, output, chain)
+    energy = _load_expression(expression, _device(device))
+    typer.echo(f"sampling {energy.expression()}")
+    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision))
+
+
+def _check_outputs(n: int, output: Path, chain: Path | None) -> None:
+    """Refuse a bad -n or an output name with no image suffix before any model is loaded."""
+    from composable_ebm.images import image_format
+
+    if n < 1:
+        raise InvalidInputError(f"-n must be a positive number of samples, got {n}")
+    image_format(output)
+    if chain is not None:
+        image_format(chain)
 
 
 def _load_expression(expression: str, device: torch.device):
@@ -191,25 +266,17 @@ def plot(
     """Plot training health: energy difference and |grad L_CD| vs |grad L_KL|."""
     from composable_ebm.evaluation import plot_training_health
 
-    try:
-        typer.echo(f"wrote {plot_training_health(run, output)}")
-    except (ValueError, FileNotFoundError) as err:
-        raise _fail(err) from err
+    typer.echo(f"wrote {plot_training_health(run, output)}")
 
 
 @app.command()
 def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name or org/name.")]) -> None:
     """Show a model's type, attributes, size and default sampler settings."""
-    from composable_ebm.hub import read_config, resolve_source
+    from composable_ebm.hub import WEIGHTS_NAME, read_config, resolve_source, weights_header
 
-    try:
-        folder = resolve_source(model)
-        payload = read_config(folder)
-    except (ValueError, FileNotFoundError) as err:
-        raise _fail(err) from err
-    from safetensors.torch import load_file
-
-    tensors = sum(t.numel() for t in load_file(folder / "model.safetensors").values())
+    folder = resolve_source(model)
+    payload = read_config(folder)
+    tensors = sum(torch.Size(shape).numel() for shape, _ in weights_header(folder / WEIGHTS_NAME).values())
     typer.echo(json.dumps({"folder": str(folder), "tensor_elements": tensors, **payload}, indent=2))
 
 
@@ -231,13 +298,10 @@ def eval_compose(
     from composable_ebm.sampling import sample as run_sampler
 
     dev = _device(device)
-    try:
-        energy = _load_expression(expression, dev)
-        clf = load_model(classifier, dev)
-        samples = run_sampler(energy, n, seed=seed, **_overrides(steps, rounds, step_size, None)).samples
-        score = compositional_accuracy(samples, clf, _parse_bindings(target))
-    except (ValueError, FileNotFoundError) as err:
-        raise _fail(err) from err
+    energy = _load_expression(expression, dev)
+    clf = load_model(classifier, dev)
+    samples = run_sampler(energy, n, seed=seed, **_overrides(steps, rounds, step_size, None)).samples
+    score = compositional_accuracy(samples, clf, _parse_bindings(target))
     typer.echo(json.dumps({"expression": energy.expression(), "n": score.n, "per_attribute": score.per_attribute,
                            "joint": score.joint}, indent=2))
 
@@ -258,10 +322,7 @@ def eval_ood(
     from composable_ebm.evaluation import ood_auroc
     from composable_ebm.hub import load_model
 
-    try:
-        energy = load_model(model, _device(device))
-    except (ValueError, FileNotFoundError) as err:
-        raise _fail(err) from err
+    energy = load_model(model, _device(device))
     c, h, w = energy.input_shape
 
     def images(name: str, offset: int) -> torch.Tensor:

@@ -9,11 +9,35 @@ silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from composable_ebm.errors import InvalidInputError
+
 T = TypeVar("T")
+
+MAX_WIDTH = 8192
+"""Largest layer width (channels, hidden units) a config may ask for: a config from a stranger
+must not make the loader allocate gigabytes before any weight is checked."""
+MAX_IMAGE_SIZE = 4096
+"""Largest image side a network config may ask for."""
+
+
+def check_attributes(owner: str, attributes: dict[str, tuple[str, ...]]) -> None:
+    """Attribute tables: at most 64 attributes of 1 to 4096 distinct value names each."""
+    if len(attributes) > 64:
+        raise InvalidInputError(f"{owner}.attributes has {len(attributes)} attributes; at most 64")
+    for name, values in attributes.items():
+        if not 1 <= len(values) <= 4096 or len(set(values)) != len(values):
+            raise InvalidInputError(f"{owner}.attributes[{name!r}] must list 1 to 4096 distinct value names")
+
+
+def check_size(owner: str, name: str, value: int, low: int = 1, high: int = MAX_WIDTH) -> None:
+    """Raise :class:`InvalidInputError` unless ``low <= value <= high`` (``value`` an integer)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInputError(f"{owner}.{name} must be an integer in [{low}, {high}], got {value!r}")
 
 
 class JSONConfig:
@@ -45,16 +69,58 @@ def _to_plain(value: Any) -> Any:
 
 
 def config_from_dict(cls: type[T], data: dict[str, Any]) -> T:
-    """Build dataclass ``cls`` from a plain dict; unknown keys raise ``ValueError``."""
+    """Build dataclass ``cls`` from a plain dict.
+
+    Unknown keys and values of the wrong type raise :class:`InvalidInputError` naming the setting
+    and what it expects; range checks run in the config's ``__post_init__``.
+    """
     if not isinstance(data, dict):
-        raise ValueError(f"{cls.__name__} expects a table of settings, got {type(data).__name__}")
+        raise InvalidInputError(f"{cls.__name__} expects a table of settings, got {_kind(data)}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} setting(s) {unknown}; valid settings: {sorted(fields)}")
+        raise InvalidInputError(f"unknown {cls.__name__} setting(s) {unknown}; valid settings: {sorted(fields)}")
     hints = get_type_hints(cls)
     kwargs = {name: _from_plain(hints[name], value, f"{cls.__name__}.{name}") for name, value in data.items()}
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except InvalidInputError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise InvalidInputError(f"{cls.__name__}: {err}") from err
+
+
+_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _kind(value: Any) -> str:
+    """How a value reads in an error: its JSON/TOML kind and, when short, the value itself."""
+    kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+             tuple: "a list", dict: "a table", type(None): "nothing (null)"}
+    kind = kinds.get(type(value), type(value).__name__)
+    text = repr(value)
+    return f"{kind} {text}" if len(text) <= 40 and not isinstance(value, (dict, list, tuple)) else kind
+
+
+def _expected(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_expected(a) for a in get_args(tp))
+    if origin is typing.Literal:
+        return f"one of {list(get_args(tp))}"
+    if tp is type(None):
+        return "nothing"
+    if dataclasses.is_dataclass(tp):
+        return f"a table of {tp.__name__} settings"
+    if origin in (tuple, list):
+        return "a list"
+    if origin is dict:
+        return "a table"
+    return _NAMES.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _bad(tp: Any, value: Any, where: str) -> InvalidInputError:
+    return InvalidInputError(f"{where} must be {_expected(tp)}, got {_kind(value)}")
 
 
 def _from_plain(tp: Any, value: Any, where: str) -> Any:
@@ -62,27 +128,68 @@ def _from_plain(tp: Any, value: Any, where: str) -> Any:
     if origin in (Union, types.UnionType):
         args = [a for a in get_args(tp) if a is not type(None)]
         if value is None:
+            if len(args) == len(get_args(tp)):
+                raise _bad(tp, value, where)
             return None
         if value is False and len(args) == 1 and dataclasses.is_dataclass(args[0]):
             return None  # TOML has no null: `table = false` switches an optional table off
-        return _from_plain(args[0], value, where) if len(args) == 1 else value
+        for arg in args:
+            try:
+                return _from_plain(arg, value, where)
+            except InvalidInputError:
+                if len(args) == 1:
+                    raise
+        raise _bad(tp, value, where)
     if origin is typing.Literal:
-        if value not in get_args(tp):
-            raise ValueError(f"{where} must be one of {list(get_args(tp))}, got {value!r}")
+        if value not in get_args(tp) or isinstance(value, bool) != any(isinstance(a, bool) for a in get_args(tp)):
+            raise InvalidInputError(f"{where} must be one of {list(get_args(tp))}, got {value!r}")
         return value
     if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _bad(tp, value, where)
         return config_from_dict(tp, value)
     if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _bad(tp, value, where)
         args = get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_from_plain(args[0], v, where) for v in value)
-        return tuple(_from_plain(a, v, where) for a, v in zip(args, value))
+            return tuple(_from_plain(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise InvalidInputError(f"{where} must be a list of {len(args)} values, got {len(value)}")
+        return tuple(_from_plain(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
     if origin is dict:
-        _, vt = get_args(tp)
-        return {k: _from_plain(vt, v, where) for k, v in value.items()}
+        if not isinstance(value, dict):
+            raise _bad(tp, value, where)
+        kt, vt = get_args(tp)
+        return {_from_plain(kt, k, f"{where} key"): _from_plain(vt, v, f"{where}[{k!r}]") for k, v in value.items()}
     if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise _bad(tp, value, where)
         (et,) = get_args(tp)
-        return [_from_plain(et, v, where) for v in value]
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return [_from_plain(et, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad(tp, value, where)
         return float(value)
-    return value
+    if tp is int or tp is bool or tp is str:
+        if type(value) is not tp:
+            raise _bad(tp, value, where)
+        return value
+    if tp is Any:
+        return value
+    raise TypeError(f"{where}: configs cannot hold values of type {tp!r}")  # a library bug, not bad input
+
+
+def check_range(owner: str, name: str, value: float, low: float | None = None, high: float | None = None,
+                low_open: bool = False, high_open: bool = False) -> None:
+    """Raise :class:`InvalidInputError` unless ``value`` is finite and within ``[low, high]`` (ends
+    open as asked)."""
+    ok = isinstance(value, (int, float)) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        lo = "(-inf" if low is None else ("(" if low_open else "[") + f"{low:g}"
+        hi = "inf)" if high is None else f"{high:g}" + (")" if high_open else "]")
+        raise InvalidInputError(f"{owner}.{name} must be a finite number in {lo}, {hi}, got {value!r}")

@@ -150,6 +150,10 @@ class Energy(nn.Module):
         return out
 
     def _check_attribute(self, attr: str) -> tuple[str, ...]:
+        bound = getattr(self, "bound", {})
+        if attr in bound:
+            raise ValueError(f"attribute {attr!r} is already bound in {self.expression()}; condition the unbound model"
+                             f" instead" + (f" (unbound attributes: {sorted(self.attributes)})" if self.attributes else ""))
         if not self.attributes:
             raise ValueError(f"{self.expression()} is not conditional: it has no attributes to bind (got {attr!r})")
         if attr not in self.attributes:
@@ -222,6 +226,9 @@ class Energy(nn.Module):
         return WeightedSum.combine([(-1.0, self)])
 
     def __mul__(self, weight: object) -> Energy:
+        if isinstance(weight, Tensor):
+            raise TypeError(f"energy weights are Python numbers (e.g. float(w) * energy), got a tensor of shape"
+                            f" {tuple(weight.shape)}")
         if isinstance(weight, Real) and not isinstance(weight, bool):
             if not math.isfinite(float(weight)):
                 raise ValueError(f"energy weights must be finite, got {weight}")
@@ -231,6 +238,8 @@ class Energy(nn.Module):
     __rmul__ = __mul__
 
     def __truediv__(self, temperature: object) -> Energy:
+        if isinstance(temperature, Tensor):
+            raise TypeError("temperatures are Python numbers (e.g. energy / float(t)), got a tensor")
         if isinstance(temperature, Real) and not isinstance(temperature, bool):
             if not (math.isfinite(float(temperature)) and float(temperature) > 0):
                 raise ValueError(f"temperature must be a finite positive number, got {temperature}")

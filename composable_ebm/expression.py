@@ -18,6 +18,13 @@ import re
 from collections.abc import Callable
 
 from composable_ebm.energy import Energy
+from composable_ebm.errors import InvalidInputError
+
+MAX_DEPTH = 32
+"""Deepest nesting of parentheses (and of ``NUMBER *`` prefixes) an expression may use."""
+MAX_LENGTH = 10_000
+"""Longest expression parsed, in characters."""
+OPERATORS = "+ - * / | ( ) [attr=value, ...]"
 
 _TOKEN = re.compile(
     r"\s*(?:(?P<number>\d+\.\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)(?![A-Za-z_/~-])"
@@ -31,7 +38,8 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if not m or m.end() == pos:
-            raise ValueError(f"cannot parse {text!r} at position {pos}: {text[pos:pos + 10]!r}")
+            raise InvalidInputError(f"cannot parse {text!r} at position {pos}: {text[pos:pos + 10]!r};"
+                                    f" valid operators: {OPERATORS}")
         kind = m.lastgroup
         tokens.append((kind, m.group(kind)))
         pos = m.end()
@@ -45,6 +53,12 @@ class _Parser:
         self.i = 0
         self.load = load
         self.cache: dict[str, Energy] = {}
+        self.depth = 0
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise InvalidInputError(f"expression nests deeper than {MAX_DEPTH} levels")
 
     def peek(self) -> tuple[str, str] | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -54,7 +68,7 @@ class _Parser:
         if tok is None or (value is not None and tok[1] != value) or (kind is not None and tok[0] != kind):
             want = value or kind
             got = "the end" if tok is None else repr(tok[1])
-            raise ValueError(f"in {self.text!r}: expected {want}, found {got}")
+            raise InvalidInputError(f"in {self.text!r}: expected {want}, found {got}")
         self.i += 1
         return tok[1]
 
@@ -65,7 +79,7 @@ class _Parser:
     def parse(self) -> Energy:
         result = self.expr()
         if self.peek() is not None:
-            raise ValueError(f"in {self.text!r}: unexpected {self.peek()[1]!r}")
+            raise InvalidInputError(f"in {self.text!r}: unexpected {self.peek()[1]!r}")
         return result
 
     def expr(self) -> Energy:
@@ -93,7 +107,10 @@ class _Parser:
         if tok is not None and tok[0] == "number":
             weight = float(self.take())
             self.take("*")
-            return weight * self.product()
+            self.enter()
+            result = weight * self.product()
+            self.depth -= 1
+            return result
         result = self.factor()
         while self.at("*") or self.at("/"):
             op = self.take()
@@ -104,8 +121,10 @@ class _Parser:
     def factor(self) -> Energy:
         if self.at("("):
             self.take("(")
+            self.enter()
             inner = self.expr()
             self.take(")")
+            self.depth -= 1
             return inner
         name = self.take(kind="name")
         if name not in self.cache:
@@ -131,5 +150,7 @@ class _Parser:
 def parse_expression(text: str, load: Callable[[str], Energy]) -> Energy:
     """Build the composite energy an expression describes, loading models with ``load``."""
     if not text.strip():
-        raise ValueError("empty composition expression")
+        raise InvalidInputError("empty composition expression")
+    if len(text) > MAX_LENGTH:
+        raise InvalidInputError(f"expression of {len(text)} characters; at most {MAX_LENGTH}")
     return _Parser(text, load).parse()

@@ -1,4 +1,4 @@
-"""Image grids and chain strips as PNG files (torchvision's grid layout, PIL for writing)."""
+"""Image grids and chain strips as image files (torchvision's grid layout, PIL for writing)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch import Tensor
 from torchvision.utils import make_grid
 
 from composable_ebm.atomic import write_atomic
+from composable_ebm.errors import InvalidInputError
 
 
 def as_float_images(x: Tensor) -> Tensor:
@@ -44,19 +45,34 @@ def chain_strip(chain: Tensor, max_chains: int = 8, padding: int = 2) -> Image.I
     return image_grid(rows, nrow=steps, padding=padding)
 
 
-def save_png(image: Image.Image, path: str | Path) -> Path:
-    """Write ``image`` atomically (temp file + rename) so a failed write leaves no broken file."""
-    return write_atomic(path, lambda tmp: image.save(tmp, format="PNG"))
+IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
+"""File suffixes an image may be written under, and the format each one means."""
+
+
+def image_format(path: str | Path) -> str:
+    """The image format ``path``'s suffix names; any other suffix is an error listing the valid ones."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in IMAGE_FORMATS:
+        raise InvalidInputError(f"{path}: cannot tell an image format from the suffix {suffix or '(none)'!r};"
+                                f" valid suffixes: {sorted(IMAGE_FORMATS)}")
+    return IMAGE_FORMATS[suffix]
+
+
+def save_image(image: Image.Image, path: str | Path) -> Path:
+    """Write ``image`` in the format its suffix names, atomically (temp file + rename), so a failed
+    write leaves no broken file."""
+    fmt = image_format(path)
+    return write_atomic(path, lambda tmp: (image.convert("RGB") if fmt == "JPEG" else image).save(tmp, format=fmt))
 
 
 def save_image_grid(images: Tensor, path: str | Path, nrow: int | None = None) -> Path:
-    """Write a batch of images as one PNG grid."""
-    return save_png(image_grid(images, nrow), path)
+    """Write a batch of images as one grid (PNG, JPEG or WebP, by the suffix)."""
+    return save_image(image_grid(images, nrow), path)
 
 
 def save_chain_strip(chain: Tensor, path: str | Path, max_chains: int = 8) -> Path:
     """Write a sampler chain as a PNG strip (the paper's figure of chains travelling between modes)."""
-    return save_png(chain_strip(chain, max_chains), path)
+    return save_image(chain_strip(chain, max_chains), path)
 
 
 def save_scatter(points: Tensor, path: str | Path, limits: tuple[float, float] | None = None) -> Path:
@@ -86,4 +102,4 @@ def save_figure(fig, path: str | Path) -> Path:
     fig.canvas.draw()
     image = Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("RGB")
     plt.close(fig)
-    return save_png(image, path)
+    return save_image(image, path)

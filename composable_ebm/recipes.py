@@ -23,14 +23,16 @@ from typing import Any
 
 import torch
 
-from composable_ebm.configs import config_from_dict
+from composable_ebm.configs import MAX_IMAGE_SIZE, check_size, config_from_dict
 from composable_ebm.data import ImageDataset, attribute_folder, cifar10, digits, sample_toy, shapes
 from composable_ebm.energy import Energy
+from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets import MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
 from composable_ebm.sampling import SamplerConfig
 from composable_ebm.training import TrainerConfig
 
 DATASETS = ("shapes", "digits", "folder", "cifar10", "toy2d")
+PRESETS = {"paper_32": ResNetConfig.paper_32, "paper_128": ResNetConfig.paper_128}
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,11 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
-            raise ValueError(f"unknown dataset {self.dataset!r}; valid choices: {list(DATASETS)}")
+            raise InvalidInputError(f"unknown dataset {self.dataset!r}; valid choices: {list(DATASETS)}")
+        check_size("DataConfig", "n", self.n, high=1 << 26)
+        check_size("DataConfig", "size", self.size, low=4, high=MAX_IMAGE_SIZE)
+        if self.channels not in (1, 3):
+            raise InvalidInputError(f"DataConfig.channels must be 1 or 3, got {self.channels!r}")
 
 
 @dataclass(frozen=True)
@@ -69,29 +75,50 @@ def load_recipe(path: str | Path) -> Recipe:
     raw = _read_with_base(path, seen=())
     unknown = sorted(set(raw) - {"model", "data", "trainer", "sampling"})
     if unknown:
-        raise ValueError(f"{path}: unknown table(s) {unknown}; valid tables: ['data', 'model', 'sampling', 'trainer']")
+        raise InvalidInputError(f"{path}: unknown table(s) {unknown}; valid tables: ['data', 'model', 'sampling', 'trainer']")
     try:
+        for table in ("model", "data", "trainer", "sampling"):
+            if table in raw and not isinstance(raw[table], dict):
+                raise InvalidInputError(f"[{table}] must be a table of settings, got {type(raw[table]).__name__}")
         model = dict(raw.get("model", {}))
         model_type = model.pop("type", "resnet")
         if model_type not in ("resnet", "mlp"):
-            raise ValueError(f"unknown model type {model_type!r}; valid choices: ['mlp', 'resnet']")
+            raise InvalidInputError(f"unknown model type {model_type!r}; valid choices: ['mlp', 'resnet']")
         data = config_from_dict(DataConfig, raw.get("data", {}))
         trainer = config_from_dict(TrainerConfig, raw.get("trainer", {}))
         sampling = config_from_dict(SamplerConfig, raw["sampling"]) if "sampling" in raw else None
+        _check_model_settings(model_type, model)
     except (ValueError, TypeError) as err:
-        raise ValueError(f"{path}: {err}") from err
+        raise InvalidInputError(f"{path}: {err}") from err
     return Recipe(model_type, model, data, trainer, sampling)
+
+
+def _check_model_settings(model_type: str, settings: dict[str, Any]) -> None:
+    """Type- and range-check a recipe's [model] table now, before any data is built."""
+    settings = dict(settings)
+    if model_type == "mlp":
+        config_from_dict(MLPConfig, settings)
+        return
+    preset = settings.pop("preset", None)
+    if preset is not None and preset not in PRESETS:
+        raise InvalidInputError(f"unknown preset {preset!r}; valid choices: {sorted(PRESETS)}")
+    config_from_dict(ResNetConfig, settings)
 
 
 def _read_with_base(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no recipe at {path}")
     if path.resolve() in seen:
-        raise ValueError(f"recipe base cycle: {' -> '.join(str(p) for p in (*seen, path))}")
-    raw = tomllib.loads(path.read_text())
+        raise InvalidInputError(f"recipe base cycle: {' -> '.join(str(p) for p in (*seen, path))}")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InvalidInputError(f"{path}: not a TOML file ({err})") from err
     base = raw.pop("base", None)
     if base is None:
         return raw
+    if not isinstance(base, str):
+        raise InvalidInputError(f"{path}: base must be a string (a recipe path), got {type(base).__name__}")
     return _merge(_read_with_base(path.parent / base, (*seen, path.resolve())), raw)
 
 
@@ -140,10 +167,9 @@ def _build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
         model: Energy = MLPEnergy(config)
     else:
         preset = settings.pop("preset", None)
-        presets = {"paper_32": ResNetConfig.paper_32, "paper_128": ResNetConfig.paper_128}
-        if preset is not None and preset not in presets:
-            raise ValueError(f"unknown preset {preset!r}; valid choices: {sorted(presets)}")
-        base = presets[preset]() if preset else ResNetConfig()
+        if preset is not None and preset not in PRESETS:
+            raise InvalidInputError(f"unknown preset {preset!r}; valid choices: {sorted(PRESETS)}")
+        base = PRESETS[preset]() if preset else ResNetConfig()
         overrides = config_from_dict(ResNetConfig, {**base.to_dict(), **settings})
         attributes = data.attributes if isinstance(data, ImageDataset) else {}
         config = dataclasses.replace(overrides, attributes=dict(attributes))

@@ -136,7 +136,7 @@ def test_trainer_refuses_settings_it_cannot_honour():
         TrainerConfig(sampler=SamplerConfig(method="mala"))
     with pytest.raises(ValueError, match="valid choices"):
         TrainerConfig(negative_labels="mine")
-    with pytest.raises(ValueError, match=r"ema_decay must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"ema_decay must be a finite number in \[0, 1\)"):
         TrainerConfig(ema_decay=1.5)
 
 

@@ -27,6 +27,7 @@ from composable_ebm.evaluation import (
     plot_training_health,
     train_classifier,
 )
+from composable_ebm.errors import ModelFileError, ModelNotFoundError
 from composable_ebm.hub import load_model, save_model
 from composable_ebm.images import save_image_grid
 from composable_ebm.sampling import AugmentConfig, SamplerConfig
@@ -170,7 +171,7 @@ def test_energy_models_round_trip_with_their_sampler_settings(tmp_path):
     weights = load_file(tmp_path / "m" / "model.safetensors")
     weights.pop(next(iter(weights)))
     save_file(weights, tmp_path / "m" / "model.safetensors")
-    with pytest.raises(RuntimeError, match="Missing key"):
+    with pytest.raises(ModelFileError, match="weights do not match config.json .missing: "):
         load_model(tmp_path / "m")
     mlp = MLPEnergy(MLPConfig())
     save_model(mlp, tmp_path / "mlp")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from composable_ebm import MLPConfig, MLPEnergy
+from composable_ebm.errors import ModelFileError, ModelNotFoundError
 from composable_ebm.hub import load_model, save_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,8 +35,12 @@ def test_hub_id_resolves_through_snapshot_download_from_a_prefilled_cache(tmp_pa
 
 def test_a_source_that_is_neither_folder_nor_repo_id_is_rejected(tmp_path):
     with pytest.raises(FileNotFoundError, match="is neither a model folder, a bundled model .* nor a Hub repository id") as err:
-        load_model(tmp_path / "nowhere" / "deep")
-    assert str(err.value).startswith(f"'{tmp_path / 'nowhere' / 'deep'}'")
+        load_model("not a name")
+    assert str(err.value).startswith("'not a name'")
+    # a path that looks local is never sent to the Hub: a missing folder says so
+    for path in (tmp_path / "nowhere" / "deep", "./nowhere/deep", "~/nowhere-cebm/deep"):
+        with pytest.raises(ModelNotFoundError, match="no model folder at "):
+            load_model(path)
 
 
 def test_failed_save_keeps_the_previous_model_files(tmp_path, monkeypatch):

@@ -291,6 +291,8 @@ def test_injected_nan_is_reported_and_rolled_back(tmp_path):
     events = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     rolled = next(e for e in events if e.get("event") == "rolled_back")
     assert rolled["to_step"] == 4
+    steps = [e["step"] for e in events if "e_diff" in e]
+    assert steps == sorted(set(steps)), f"the rollback left logged steps that were redone: {steps}"
     assert all(torch.isfinite(p).all() for p in trainer.energy.parameters())
 
 

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composable_ebm.configs import JSONConfig
+from composable_ebm.configs import MAX_IMAGE_SIZE, MAX_WIDTH, JSONConfig, check_attributes, check_size
+from composable_ebm.errors import InvalidInputError
 from composable_ebm.energy import value_index
 from composable_ebm.images import as_float_images
 
@@ -27,6 +28,14 @@ class ClassifierConfig(JSONConfig):
     in_channels: int = 3
     width: int = 32  # channels of the first conv; doubled at each of the three stages
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_size("ClassifierConfig", "image_size", self.image_size, low=8, high=MAX_IMAGE_SIZE)
+        check_size("ClassifierConfig", "in_channels", self.in_channels, high=64)
+        check_size("ClassifierConfig", "width", self.width, low=8, high=MAX_WIDTH // 4)
+        if self.width % 8:
+            raise InvalidInputError(f"ClassifierConfig.width must be a multiple of 8 (group norm), got {self.width}")
+        check_attributes("ClassifierConfig", self.attributes)
 
 
 class AttributeClassifier(nn.Module):

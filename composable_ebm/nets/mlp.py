@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composable_ebm.configs import JSONConfig
+from composable_ebm.configs import JSONConfig, check_attributes, check_size
 from composable_ebm.energy import Energy, Labels
 
 
@@ -23,6 +23,12 @@ class MLPConfig(JSONConfig):
     spectral_norm: bool = False
     value_range: tuple[float, float] | None = None  # None: unbounded (no clamping when sampling)
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_size("MLPConfig", "dim", self.dim, high=1_000_000)
+        check_size("MLPConfig", "hidden", self.hidden)
+        check_size("MLPConfig", "depth", self.depth, low=0, high=256)
+        check_attributes("MLPConfig", self.attributes)
 
 
 class MLPEnergy(Energy):

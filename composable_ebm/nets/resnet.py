@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composable_ebm.configs import JSONConfig
+from composable_ebm.configs import MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_size
+from composable_ebm.errors import InvalidInputError
 from composable_ebm.energy import Energy, Labels
 from composable_ebm.nets.layers import Norm, ResBlock, SelfAttention, Swish, conv
 
@@ -35,6 +36,11 @@ class BlockSpec:
     kind: Literal["res", "attention"] = "res"
     channels: int = 64  # output width of a residual block (attention keeps its input width)
     down: bool = False  # 2x average-pool down-sampling after the block ("ResBlock Down")
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("res", "attention"):
+            raise InvalidInputError(f"unknown block kind {self.kind!r}; valid kinds: ['attention', 'res']")
+        check_size("BlockSpec", "channels", self.channels)
 
 
 def _table(*rows: str) -> tuple[BlockSpec, ...]:
@@ -72,6 +78,17 @@ class ResNetConfig(JSONConfig):
     weight_standardization: bool = False  # the authors' code standardises conv weights
     multiscale: bool = True  # sum of full, half and quarter resolution towers
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> value names
+
+    def __post_init__(self) -> None:
+        check_size("ResNetConfig", "image_size", self.image_size, high=MAX_IMAGE_SIZE)
+        check_size("ResNetConfig", "in_channels", self.in_channels, high=64)
+        check_size("ResNetConfig", "stem_channels", self.stem_channels)
+        check_size("ResNetConfig", "groups", self.groups)
+        if len(self.blocks) > 256:
+            raise InvalidInputError(f"ResNetConfig.blocks holds {len(self.blocks)} blocks; at most 256")
+        if self.norm not in ("group", "instance", "none"):
+            raise InvalidInputError(f"unknown norm {self.norm!r}; valid choices: ['group', 'instance', 'none']")
+        check_attributes("ResNetConfig", self.attributes)
 
     @classmethod
     def paper_32(cls, **overrides) -> ResNetConfig:

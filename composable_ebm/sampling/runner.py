@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from composable_ebm.energy import Conditioned, Disjunction, Energy, Labels, WeightedSum
+from composable_ebm.errors import InvalidInputError, NonFiniteError
 from composable_ebm.sampling.augment import augment
 from composable_ebm.sampling.transitions import (
     ChainState,
@@ -107,7 +108,7 @@ def resolve_config(energy: Energy, config: SamplerConfig | None, overrides: dict
     valid = {f.name for f in dataclasses.fields(SamplerConfig)}
     unknown = sorted(set(overrides) - valid)
     if unknown:
-        raise ValueError(f"unknown sampler setting(s) {unknown}; valid settings: {sorted(valid)}")
+        raise InvalidInputError(f"unknown sampler setting(s) {unknown}; valid settings: {sorted(valid)}")
     return dataclasses.replace(base, **overrides)
 
 
@@ -153,8 +154,8 @@ def sample(
     if cfg.augment is not None and len(energy.input_shape) != 3:
         raise ValueError(f"augmentation transitions need image energies (C, H, W); this one takes {energy.input_shape}")
     if x0 is None:
-        if n is None or n < 1:
-            raise ValueError(f"n must be a positive number of samples, got {n}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidInputError(f"n must be a positive integer (the number of samples), got {n!r}")
         dev = torch.device(device) if device is not None else energy.device
         gen = make_generator(seed, generator, dev)
         x = initial_noise(energy, n, gen, dev)
@@ -185,6 +186,11 @@ def sample(
     if bar is not None:
         bar.close()
     final = end.x
+    if not bool(torch.isfinite(final).all()) or (energies and not bool(torch.isfinite(energies[-1]))):
+        raise NonFiniteError(
+            f"sampling {energy.expression()} produced non-finite energies or samples; check the model's weights"
+            " (a model with NaN weights) or lower the step size"
+        )
     diagnostics = SamplerDiagnostics(
         energy=torch.stack(energies).float().cpu() if energies else torch.empty(0),
         grad_norm=torch.stack(grad_norms).float().cpu() if grad_norms else torch.empty(0),

@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from composable_ebm.configs import check_range, check_size
 from composable_ebm.energy import Energy, Labels
 from composable_ebm.sampling.augment import AugmentConfig
 
@@ -27,7 +28,7 @@ class SamplerConfig:
     """
 
     step_size: float = 500.0  # lambda in x <- x - lambda * dE/dx + noise * N(0, 1)
-    noise: float | None = 0.001  # std of the added noise; None or "exact": sqrt(2 * step_size) (exact Langevin)
+    noise: float | Literal["exact"] | None = 0.001  # std of the added noise; None or "exact": sqrt(2 * step_size) (exact Langevin)
     steps: int = 40  # K: Langevin steps per round
     rounds: int = 1  # N: rounds of [augmentation, K steps] (Algorithm 2)
     final_steps: int = 0  # plain steps after the last round
@@ -39,10 +40,12 @@ class SamplerConfig:
     def __post_init__(self) -> None:
         if self.noise == "exact":  # spelling for recipe files, which have no null
             object.__setattr__(self, "noise", None)
-        if not self.step_size > 0:
-            raise ValueError(f"step_size must be > 0, got {self.step_size}")
-        if self.noise is not None and self.noise < 0:
-            raise ValueError(f"noise must be >= 0 or None, got {self.noise}")
+        check_range("SamplerConfig", "step_size", self.step_size, 0.0, low_open=True)
+        if self.noise is not None:
+            check_range("SamplerConfig", "noise", self.noise, 0.0)
+        for name in ("steps", "final_steps"):
+            check_size("SamplerConfig", name, getattr(self, name), low=0, high=1 << 24)
+        check_size("SamplerConfig", "rounds", self.rounds, high=1 << 20)
         if self.steps < 0 or self.rounds < 1 or self.final_steps < 0:
             raise ValueError(
                 f"need steps >= 0, rounds >= 1, final_steps >= 0; got {self.steps}, {self.rounds}, {self.final_steps}"

@@ -8,6 +8,7 @@ checkpoint intact.
 
 from __future__ import annotations
 
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from composable_ebm.atomic import write_atomic
+from composable_ebm.errors import ModelFileError
 
 
 def save_atomic(payload: dict[str, Any], path: str | Path) -> Path:
@@ -28,7 +30,16 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    return torch.load(path, map_location=map_location, weights_only=True)
+    if path.stat().st_size == 0:
+        raise ModelFileError(f"{path} is empty (0 bytes); start fresh with --no-resume")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelFileError(f"{path} is not a readable checkpoint ({reason[:160]}); start fresh with --no-resume") from err
+    if not isinstance(state, dict):
+        raise ModelFileError(f"{path} holds a {type(state).__name__}, not a checkpoint; start fresh with --no-resume")
+    return state
 
 
 def capture_rng_state(generator: torch.Generator) -> dict[str, Any]:

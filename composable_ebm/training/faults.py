@@ -13,8 +13,10 @@ import math
 import torch
 import torch.distributed as dist
 
+from composable_ebm.errors import RunFailure
 
-class TrainingDiverged(RuntimeError):
+
+class TrainingDiverged(RunFailure):
     """Raised when training faults and ``on_fault="stop"`` (or the rollback budget is spent)."""
 
     def __init__(self, step: int, reason: str) -> None:

@@ -27,8 +27,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from composable_ebm.configs import JSONConfig
+from composable_ebm.atomic import remove_stale_temporaries
+from composable_ebm.configs import JSONConfig, check_range, check_size
 from composable_ebm.energy import Energy, Labels
+from composable_ebm.errors import ModelFileError
 from composable_ebm.images import as_float_images
 from composable_ebm.sampling import (
     AugmentConfig,
@@ -44,6 +46,7 @@ from composable_ebm.sampling import (
 from composable_ebm.training.buffer import ReplayBuffer
 from composable_ebm.training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_atomic
 from composable_ebm.training.faults import Fault, TrainingDiverged, fault_reason, raise_if_any_rank_faulted
+from composable_ebm.training.lock import RunLock
 from composable_ebm.training.log import LOG_NAME, RunLog
 from composable_ebm.training.losses import cd_loss, entropy_loss, label_loss, opt_loss, other_values
 
@@ -97,10 +100,25 @@ class TrainerConfig(JSONConfig):
             raise ValueError(f"unknown negative_labels {self.negative_labels!r}; valid choices: ['buffer', 'positives']")
         if self.label_weight < 0:
             raise ValueError(f"label_weight must be >= 0, got {self.label_weight}")
-        if not 0.0 <= self.ema_decay < 1.0:
-            raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
-        if not 0.0 <= self.reinit_prob <= 1.0:
-            raise ValueError(f"reinit_prob must be in [0, 1], got {self.reinit_prob}")
+        owner = "TrainerConfig"
+        check_range(owner, "ema_decay", self.ema_decay, 0.0, 1.0, high_open=True)
+        check_range(owner, "reinit_prob", self.reinit_prob, 0.0, 1.0)
+        check_range(owner, "lr", self.lr, 0.0, low_open=True)
+        for i, beta in enumerate(self.betas):
+            check_range(owner, f"betas[{i}]", beta, 0.0, 1.0, high_open=True)
+        if self.grad_clip is not None:
+            check_range(owner, "grad_clip", self.grad_clip, 0.0, low_open=True)
+        for name in ("cd_l2", "opt_weight", "ent_weight", "label_weight"):
+            check_range(owner, name, getattr(self, name), 0.0)
+        check_range(owner, "max_energy_diff", self.max_energy_diff, 0.0, low_open=True)
+        check_size(owner, "batch_size", self.batch_size, high=1 << 20)
+        check_size(owner, "buffer_size", self.buffer_size, low=0, high=1 << 24)
+        check_size(owner, "ent_bank", self.ent_bank, high=1 << 20)
+        check_size(owner, "ent_min_buffer", self.ent_min_buffer, low=0, high=1 << 24)
+        check_size(owner, "max_rollbacks", self.max_rollbacks, low=0, high=1000)
+        check_size(owner, "steps", self.steps, low=0, high=1 << 40)
+        check_size(owner, "log_every", self.log_every, high=1 << 40)
+        check_size(owner, "checkpoint_every", self.checkpoint_every, high=1 << 40)
         if self.on_fault not in ("rollback", "stop"):
             raise ValueError(f"unknown on_fault {self.on_fault!r}; valid choices: ['rollback', 'stop']")
         if self.batch_size < 1 or self.steps < 0 or self.log_every < 1 or self.checkpoint_every < 1:
@@ -242,9 +260,18 @@ class Trainer:
         self._memory_checkpoint: dict[str, Any] | None = None
         self._has_own_checkpoint = False  # rollbacks only ever return to states of this run
         self.log: RunLog | None = None
+        self.lock: RunLock | None = None
         if self.out_dir is not None and self.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.lock = RunLock(self.out_dir)  # refuses a folder another live run trains into
+            remove_stale_temporaries(self.out_dir / self.CHECKPOINT)  # left by a run killed mid-write
             self.log = RunLog(self.out_dir)
+
+    def close(self) -> None:
+        """Release the run folder (also done when the process exits)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     # ------------------------------------------------------------------ setup
     def _seed(self, rollbacks: int) -> int:
@@ -446,7 +473,11 @@ class Trainer:
         if path is None or not path.is_file():
             return False
         state = load_checkpoint(path, self.device)
-        changed = config_differences(json.loads(state["trainer_config"]), self.config.to_dict())
+        try:
+            saved = json.loads(state["trainer_config"])
+        except (TypeError, ValueError) as err:
+            raise ModelFileError(f"{path}: unreadable training settings; start fresh with --no-resume") from err
+        changed = config_differences(saved, self.config.to_dict())
         changed = {k: v for k, v in changed.items() if k not in RESUMABLE_CHANGES}
         if changed and not allow_config_change:
             keys = ", ".join(f"{k} ({old!r} -> {new!r})" for k, (old, new) in sorted(changed.items()))
@@ -454,7 +485,12 @@ class Trainer:
                 f"{path} was trained with other settings: {keys}; resume with the same recipe, start fresh"
                 " (--no-resume), or allow the change explicitly (--allow-config-change)"
             )
-        self._restore(state)
+        try:
+            self._restore(state)
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:  # another model's or a damaged checkpoint
+            reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+            raise ModelFileError(f"{path} does not fit this model or is damaged ({reason}); start fresh with"
+                                 " --no-resume") from err
         self._has_own_checkpoint = True
         if self.log is not None:
             self.log.truncate(self.step)

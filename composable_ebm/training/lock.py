@@ -1,0 +1,76 @@
+"""One run per folder: ``RUN_FOLDER/.lock`` holds the owner's host and pid.
+
+A second ``cebm train`` on a folder in use is refused with the owner's pid. A lock whose
+process is gone (a killed run) is stale and taken over; a lock from another host cannot be
+checked and is refused with the path to delete once that run is known to be gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+from pathlib import Path
+
+from composable_ebm.errors import FolderLockedError
+
+LOCK_NAME = ".lock"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+class RunLock:
+    """Hold ``folder/.lock`` while this process trains into ``folder``; :meth:`release` lets it go."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.path = Path(folder) / LOCK_NAME
+        self.held = False
+        self.took_over: dict | None = None  # the stale owner this lock replaced, if any
+        me = {"host": socket.gethostname(), "pid": os.getpid()}
+        for _ in range(3):  # create exclusively; on a stale lock, remove it and try again
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+            except FileExistsError:
+                owner = self._owner()
+                if owner == me:
+                    self.held = True  # this process already trains here (e.g. a second Trainer object)
+                    return
+                if owner is not None and owner.get("host") != me["host"]:
+                    raise FolderLockedError(
+                        f"{self.path.parent} is in use by a run on host {owner.get('host')!r} (pid {owner.get('pid')});"
+                        f" use another --out, or delete {self.path} if that run is gone"
+                    ) from None
+                if owner is not None and isinstance(owner.get("pid"), int) and _alive(owner["pid"]):
+                    raise FolderLockedError(
+                        f"{self.path.parent} is in use by process {owner['pid']}; wait for it to finish or use another --out"
+                    ) from None
+                self.took_over = owner
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held = True
+            atexit.register(self.release)
+            return
+        raise FolderLockedError(f"could not take {self.path}: other processes keep creating it")
+
+    def _owner(self) -> dict | None:
+        try:
+            owner = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None  # unreadable or torn: treat as stale
+        return owner if isinstance(owner, dict) else None
+
+    def release(self) -> None:
+        if self.held and self._owner() == {"host": socket.gethostname(), "pid": os.getpid()}:
+            self.path.unlink(missing_ok=True)
+        self.held = False
