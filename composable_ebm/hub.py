@@ -181,7 +181,7 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     for key in ("model_type", "config"):
         if key not in payload:
             raise ModelFileError(f"{path}: missing {key!r}; a {CONFIG_NAME} holds {list(CONFIG_KEYS)}")
-    if payload["model_type"] not in MODEL_TYPES:
+    if not isinstance(payload["model_type"], str) or payload["model_type"] not in MODEL_TYPES:
         raise ModelFileError(f"{path}: unknown model_type {payload['model_type']!r}; known types: {sorted(MODEL_TYPES)}")
     return payload
 
@@ -250,9 +250,23 @@ def load_model(source: str | Path, device: torch.device | str = "cpu", revision:
         raise NonFiniteError(f"{weights}: non-finite weights in {', '.join(bad[:3])}" + (" ..." if len(bad) > 3 else ""))
     model = model_cls(config)
     model.load_state_dict(state, strict=True)
-    if isinstance(model, Energy) and sampler is not None:
-        model.sampler_config = sampler
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if isinstance(model, Energy):
+        if sampler is not None:
+            model.sampler_config = sampler
+        _probe(model, weights)
+    return model
+
+
+def _probe(model: Energy, weights: Path) -> None:
+    """Evaluate the energy on two noise inputs: finite weights can still overflow (e.g. 1e38)."""
+    lo, hi = model.value_range if model.value_range is not None else (-1.0, 1.0)
+    x = lo + (hi - lo) * torch.rand(2, *model.input_shape, generator=torch.Generator().manual_seed(0))
+    labels = {a: torch.zeros(2, dtype=torch.long) for a in model.attributes}
+    with torch.no_grad():
+        energies = model(x.to(model.device), labels or None)
+    if not bool(torch.isfinite(energies).all()):
+        raise NonFiniteError(f"{weights}: the weights are finite but give non-finite energies on noise inputs")
 
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"

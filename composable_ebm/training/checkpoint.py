@@ -19,6 +19,11 @@ import torch
 from composable_ebm.atomic import write_atomic
 from composable_ebm.errors import ModelFileError
 
+CORRUPT_FILE_ERRORS = (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError, IndexError, OverflowError,
+                       AttributeError, AssertionError, pickle.UnpicklingError)
+"""What ``torch.load`` raises on a damaged file (found by fuzzing): the zip reader, the restricted
+unpickler and tensor rebuilding each fail in their own way."""
+
 
 def save_atomic(payload: dict[str, Any], path: str | Path) -> Path:
     """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``."""
@@ -34,7 +39,7 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
         raise ModelFileError(f"{path} is empty (0 bytes); start fresh with --no-resume")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+    except CORRUPT_FILE_ERRORS as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelFileError(f"{path} is not a readable checkpoint ({reason[:160]}); start fresh with --no-resume") from err
     if not isinstance(state, dict):

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from composable_ebm.atomic import remove_stale_temporaries
 from composable_ebm.configs import JSONConfig, check_range, check_size
 from composable_ebm.energy import Energy, Labels
-from composable_ebm.errors import ModelFileError
+from composable_ebm.errors import InvalidInputError, ModelFileError
 from composable_ebm.images import as_float_images
 from composable_ebm.sampling import (
     AugmentConfig,
@@ -44,7 +44,13 @@ from composable_ebm.sampling import (
     run_chain,
 )
 from composable_ebm.training.buffer import ReplayBuffer
-from composable_ebm.training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_atomic
+from composable_ebm.training.checkpoint import (
+    CORRUPT_FILE_ERRORS,
+    capture_rng_state,
+    load_checkpoint,
+    restore_rng_state,
+    save_atomic,
+)
 from composable_ebm.training.faults import Fault, TrainingDiverged, fault_reason, raise_if_any_rank_faulted
 from composable_ebm.training.lock import RunLock
 from composable_ebm.training.log import LOG_NAME, RunLog
@@ -475,19 +481,21 @@ class Trainer:
         state = load_checkpoint(path, self.device)
         try:
             saved = json.loads(state["trainer_config"])
-        except (TypeError, ValueError) as err:
+            if not isinstance(saved, dict):
+                raise TypeError(f"trainer_config holds a {type(saved).__name__}")
+        except (KeyError, TypeError, ValueError) as err:
             raise ModelFileError(f"{path}: unreadable training settings; start fresh with --no-resume") from err
         changed = config_differences(saved, self.config.to_dict())
         changed = {k: v for k, v in changed.items() if k not in RESUMABLE_CHANGES}
         if changed and not allow_config_change:
             keys = ", ".join(f"{k} ({old!r} -> {new!r})" for k, (old, new) in sorted(changed.items()))
-            raise ValueError(
+            raise InvalidInputError(
                 f"{path} was trained with other settings: {keys}; resume with the same recipe, start fresh"
                 " (--no-resume), or allow the change explicitly (--allow-config-change)"
             )
         try:
             self._restore(state)
-        except (KeyError, TypeError, ValueError, RuntimeError) as err:  # another model's or a damaged checkpoint
+        except CORRUPT_FILE_ERRORS as err:  # another model's or a damaged checkpoint
             reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
             raise ModelFileError(f"{path} does not fit this model or is damaged ({reason}); start fresh with"
                                  " --no-resume") from err

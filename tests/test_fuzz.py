@@ -1,0 +1,187 @@
+"""Fuzzing the loaders: a few hundred randomly corrupted model folders, recipes and checkpoints.
+
+Each load either succeeds (a model with finite energies, a recipe, a resumed trainer) or raises the
+library's own error (:class:`~composable_ebm.errors.CebmError`) with a one-line message: never
+another exception, a hang or an allocation beyond the limits. The counts are printed (``-s``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from composable_ebm import MLPConfig, MLPEnergy
+from composable_ebm.errors import CebmError
+from composable_ebm.hub import CONFIG_NAME, WEIGHTS_NAME, load_model, save_model
+from composable_ebm.nets import ResNetEnergy
+from composable_ebm.recipes import load_recipe
+from composable_ebm.sampling import SamplerConfig
+from composable_ebm.training import Trainer, TrainerConfig
+from tests.conftest import tiny_config
+from tests.test_cli import TINY_RECIPE
+
+STRANGE_VALUES = ["x", "", -1, 0, 1.5, 10**9, 10**30, -(10**12), None, [], {}, True, [1, 2, 3], {"a": 1}, float("nan"),
+                  float("inf"), "NaN", 40000]
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _truncate(data: bytes, rng: random.Random) -> bytes:
+    return data[: rng.randrange(len(data))]
+
+
+def _flip_bits(data: bytes, rng: random.Random, near_start: bool = False) -> bytes:
+    out = bytearray(data)
+    span = min(len(out), 400) if near_start else len(out)  # headers live at the start
+    for _ in range(rng.randint(1, 8)):
+        i = rng.randrange(span)
+        out[i] ^= 1 << rng.randrange(8)
+    return bytes(out)
+
+
+def _leaves(obj, path=()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, (*path, i))
+    yield path
+
+
+def _mutate_json(payload, rng: random.Random):
+    payload = json.loads(json.dumps(payload))
+    paths = [p for p in _leaves(payload) if p]
+    path = rng.choice(paths)
+    parent = payload
+    for key in path[:-1]:
+        parent = parent[key]
+    action = rng.random()
+    if action < 0.15 and isinstance(parent, dict):
+        del parent[path[-1]]
+    elif action < 0.25 and isinstance(parent, dict):
+        parent[f"extra_{rng.randrange(100)}"] = rng.choice(STRANGE_VALUES)
+    else:
+        parent[path[-1]] = rng.choice(STRANGE_VALUES)
+    return payload
+
+
+def _expect_clean(run, outcomes: Counter, what: str) -> None:
+    """Run one load: success or a one-line CebmError; anything else fails the test with the case."""
+    t0 = time.perf_counter()
+    try:
+        run()
+        outcomes[f"{what}: loaded"] += 1
+    except CebmError as err:
+        message = str(err)
+        assert message and "\n" not in message, (what, message)
+        outcomes[f"{what}: {type(err).__name__}"] += 1
+    assert time.perf_counter() - t0 < 10, what  # no hang
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory) -> dict[str, bytes | dict]:
+    root = tmp_path_factory.mktemp("originals")
+    torch.manual_seed(0)
+    random.seed(0)  # the checkpoint holds the global RNG states: the same bytes in every run
+    np.random.seed(0)
+    save_model(ResNetEnergy(tiny_config(name="r", attributes={"color": ("red", "green")})), root / "resnet")
+    save_model(MLPEnergy(MLPConfig(name="m", hidden=8, depth=2)), root / "mlp")
+    trainer = Trainer(MLPEnergy(MLPConfig(hidden=8, depth=1)), torch.randn(32, 2), _trainer_config(), out_dir=root / "run")
+    trainer.fit(2)
+    trainer.close()
+    return {
+        "resnet": root / "resnet",
+        "mlp": root / "mlp",
+        "checkpoint": (root / "run" / "checkpoint.pt").read_bytes(),
+        "recipe": TINY_RECIPE.format(name="f", attribute="color"),
+    }
+
+
+def _trainer_config() -> TrainerConfig:
+    return TrainerConfig(steps=2, batch_size=8, sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=2),
+                         chain_augment=None, buffer_size=32, ent_bank=4, ent_min_buffer=4, log_every=1, checkpoint_every=1)
+
+
+@pytest.mark.parametrize("seed", [1234, 7, 99])
+def test_corrupted_model_folders_recipes_and_checkpoints_load_or_raise_the_librarys_error(tmp_path, originals, capsys,
+                                                                                        seed):
+    rng = random.Random(seed)
+    outcomes: Counter = Counter()
+    peak_before = _peak_mb()
+    # 1. model folders: config.json mutated as JSON or as bytes, weights truncated or bit-flipped
+    for i in range(200):
+        source = originals["resnet" if i % 2 else "mlp"]
+        folder = tmp_path / f"model{i}"
+        folder.mkdir()
+        config = (source / CONFIG_NAME).read_bytes()
+        weights = (source / WEIGHTS_NAME).read_bytes()
+        kind = rng.choice(["json", "json", "json", "config bytes", "truncate weights", "flip header", "flip weights"])
+        if kind == "json":
+            config = json.dumps(_mutate_json(json.loads(config), rng)).encode()
+        elif kind == "config bytes":
+            config = _flip_bits(config, rng) if rng.random() < 0.5 else _truncate(config, rng)
+        elif kind == "truncate weights":
+            weights = _truncate(weights, rng)
+        elif kind == "flip header":
+            weights = _flip_bits(weights, rng, near_start=True)
+        else:
+            weights = _flip_bits(weights, rng)
+        (folder / CONFIG_NAME).write_bytes(config)
+        (folder / WEIGHTS_NAME).write_bytes(weights)
+
+        def load(folder=folder):
+            model = load_model(folder)
+            x = torch.rand(3, *model.input_shape)
+            labels = {a: torch.zeros(3, dtype=torch.long) for a in model.attributes}
+            assert torch.isfinite(model(x, labels or None)).all()
+
+        _expect_clean(load, outcomes, f"model ({kind})")
+    # 2. recipes: a value replaced, bytes flipped or the file cut short
+    recipe = originals["recipe"]
+    for i in range(100):
+        path = tmp_path / f"recipe{i}.toml"
+        action = rng.random()
+        if action < 0.6:
+            lines = recipe.splitlines()
+            candidates = [j for j, line in enumerate(lines) if " = " in line]
+            j = rng.choice(candidates)
+            key = lines[j].split(" = ")[0]
+            value = rng.choice(['"x"', "-1", "0", "1.5", "1000000000000", "true", "[]", "{}", "nan", "inf", "40000",
+                                '[1, "a"]', "{ a = 1 }"])
+            lines[j] = f"{key} = {value}"
+            path.write_text("\n".join(lines))
+        elif action < 0.8:
+            path.write_bytes(_flip_bits(recipe.encode(), rng))
+        else:
+            path.write_bytes(_truncate(recipe.encode(), rng))
+        _expect_clean(lambda path=path: load_recipe(path), outcomes, "recipe")
+    # 3. checkpoints: truncated or bit-flipped, then resumed
+    for i in range(60):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        data = originals["checkpoint"]
+        data = _truncate(data, rng) if rng.random() < 0.5 else _flip_bits(data, rng)
+        (run / "checkpoint.pt").write_bytes(data)
+        trainer = Trainer(MLPEnergy(MLPConfig(hidden=8, depth=1)), torch.randn(32, 2), _trainer_config(), out_dir=run)
+        try:
+            _expect_clean(trainer.resume, outcomes, "checkpoint")
+        finally:
+            trainer.close()
+    assert _peak_mb() - peak_before < 500  # no case allocated what a hostile size asked for
+    total = sum(outcomes.values())
+    assert total == 360
+    loaded = sum(v for k, v in outcomes.items() if k.endswith("loaded"))
+    assert 0 < loaded < total  # the corruptions are neither all harmless nor all fatal
+    with capsys.disabled():
+        print(f"\nfuzz (seed {seed}): {total} corrupted files; " + "; ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
