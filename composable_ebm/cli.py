@@ -272,10 +272,11 @@ def plot(
 @app.command()
 def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name or org/name.")]) -> None:
     """Show a model's type, attributes, size and default sampler settings."""
-    from composable_ebm.hub import WEIGHTS_NAME, read_config, resolve_source, weights_header
+    from composable_ebm.hub import WEIGHTS_NAME, read_config, resolve_source, typed_configs, weights_header
 
     folder = resolve_source(model)
     payload = read_config(folder)
+    typed_configs(folder, payload)  # refuses a config that could not be loaded
     tensors = sum(torch.Size(shape).numel() for shape, _ in weights_header(folder / WEIGHTS_NAME).values())
     typer.echo(json.dumps({"folder": str(folder), "tensor_elements": tensors, **payload}, indent=2))
 

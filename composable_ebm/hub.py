@@ -12,7 +12,7 @@ at most :data:`MAX_PARAMETERS` elements), then that every weight is finite.
 
 Hub names (``org/name``) load from the local cache without touching the network; only an
 uncached model (or ``refresh=True``) is downloaded, and a Hub that does not answer fails after
-:func:`hub_timeout` seconds (``CEBM_HUB_TIMEOUT``, default 10).
+about twice :func:`hub_timeout` (``CEBM_HUB_TIMEOUT``, default 5 s) plus a second.
 """
 
 from __future__ import annotations
@@ -186,6 +186,17 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     return payload
 
 
+def typed_configs(folder: Path, payload: dict[str, Any]) -> tuple[Any, SamplerConfig | None]:
+    """The network config and sampler settings of a ``config.json`` payload, type- and range-checked."""
+    config_cls, _ = MODEL_TYPES[payload["model_type"]]
+    try:
+        config = config_from_dict(config_cls, payload["config"])
+        sampler = config_from_dict(SamplerConfig, payload["sampler"]) if payload.get("sampler") is not None else None
+    except InvalidInputError as err:
+        raise ModelFileError(f"{folder / CONFIG_NAME}: {err}") from err
+    return config, sampler
+
+
 def weights_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """Name -> (shape, dtype) of every tensor in a safetensors file, read from its header only."""
     if not path.is_file():
@@ -225,12 +236,8 @@ def load_model(source: str | Path, device: torch.device | str = "cpu", revision:
     """
     folder = resolve_source(source, revision, refresh)
     payload = read_config(folder)
-    config_cls, model_cls = MODEL_TYPES[payload["model_type"]]
-    try:
-        config = config_from_dict(config_cls, payload["config"])
-        sampler = config_from_dict(SamplerConfig, payload["sampler"]) if payload.get("sampler") is not None else None
-    except InvalidInputError as err:
-        raise ModelFileError(f"{folder / CONFIG_NAME}: {err}") from err
+    _, model_cls = MODEL_TYPES[payload["model_type"]]
+    config, sampler = typed_configs(folder, payload)
     try:
         with torch.device("meta"):
             skeleton = model_cls(config)
@@ -280,8 +287,11 @@ def bundled_models() -> list[str]:
 
 
 def hub_timeout() -> float:
-    """Seconds to wait for the Hub before a download fails: ``CEBM_HUB_TIMEOUT``, default 10."""
-    text = os.environ.get("CEBM_HUB_TIMEOUT", "10")
+    """Seconds to wait for each answer of the Hub: ``CEBM_HUB_TIMEOUT``, default 5.
+
+    huggingface_hub retries a timed-out request once, so a Hub that never answers fails a load of
+    an uncached model after about twice this plus a second (5.0 s measured at 2 s)."""
+    text = os.environ.get("CEBM_HUB_TIMEOUT", "5")
     try:
         value = float(text)
     except ValueError:
