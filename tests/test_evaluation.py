@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from composable_ebm import GaussianEnergy, MLPConfig, MLPEnergy, ResNetEnergy
 from composable_ebm.data import shapes
+from composable_ebm.errors import ModelFileError
 from composable_ebm.evaluation import (
     AttributeClassifier,
     ClassifierConfig,
@@ -27,7 +28,6 @@ from composable_ebm.evaluation import (
     plot_training_health,
     train_classifier,
 )
-from composable_ebm.errors import ModelFileError, ModelNotFoundError
 from composable_ebm.hub import load_model, save_model
 from composable_ebm.images import save_image_grid
 from composable_ebm.sampling import AugmentConfig, SamplerConfig

@@ -12,7 +12,6 @@ import random
 import resource
 import time
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from composable_ebm import MLPConfig, MLPEnergy
-from composable_ebm.errors import ModelFileError, ModelNotFoundError
+from composable_ebm.errors import ModelNotFoundError
 from composable_ebm.hub import load_model, save_model
 
 ROOT = Path(__file__).resolve().parents[1]

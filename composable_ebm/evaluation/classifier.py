@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composable_ebm.configs import MAX_IMAGE_SIZE, MAX_WIDTH, JSONConfig, check_attributes, check_size
-from composable_ebm.errors import InvalidInputError
 from composable_ebm.energy import value_index
+from composable_ebm.errors import InvalidInputError
 from composable_ebm.images import as_float_images
 
 

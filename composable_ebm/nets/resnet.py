@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composable_ebm.configs import MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_size
-from composable_ebm.errors import InvalidInputError
 from composable_ebm.energy import Energy, Labels
+from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.layers import Norm, ResBlock, SelfAttention, Swish, conv
 
 
