@@ -20,6 +20,17 @@ def shared_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~mask
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (someone else's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's
+        return True
+    return True
+
+
 def fsync_file(path: str | Path) -> None:
     """Flush a written file's contents to disk."""
     with open(path, "rb") as f:

@@ -25,8 +25,8 @@ def exit_code_for(err: BaseException) -> int | None:
     """The exit status for an error the command line reports in one line; ``None``: a bug, shown whole."""
     if isinstance(err, CebmError):
         return err.exit_code
-    if isinstance(err, (ValueError, TypeError, KeyError, SafetensorError, OSError)):
-        return 2  # bad input: configs, files, arguments
+    if isinstance(err, (ValueError, TypeError, KeyError, SafetensorError, OSError, ImportError)):
+        return 2  # bad input: configs, files, arguments, a recipe needing a package not installed
     if isinstance(err, RuntimeError):
         return 1  # a failure at run time (out of memory, a device error)
     return None
@@ -141,6 +141,7 @@ def train(
 
 def _train(trainer, spec, model, recipe: Path, out: Path, steps: int | None, resume: bool, allow_config_change: bool,
            progress: bool) -> None:
+    """Resume if asked, train to the step count, then save the EMA model, its card and the health plot."""
     from tqdm.auto import tqdm
 
     from composable_ebm.evaluation import plot_training_health

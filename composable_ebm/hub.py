@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from composable_ebm import __version__
-from composable_ebm.atomic import fsync_file, shared_mode
+from composable_ebm.atomic import fsync_file, pid_alive, shared_mode
 from composable_ebm.configs import config_from_dict, config_to_dict
 from composable_ebm.energy import Energy
 from composable_ebm.errors import (
@@ -132,16 +132,6 @@ def _swap_in(staging: Path, folder: Path) -> None:
     shutil.rmtree(old)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def recover_folder(folder: str | Path) -> None:
     """Undo a save that died between its two renames (the old folder is put back), and remove
     the staging folders of saves whose process is gone."""
@@ -152,7 +142,7 @@ def recover_folder(folder: str | Path) -> None:
     leftovers = []
     for item in folder.parent.iterdir():
         m = pattern.match(item.name)
-        if m and item.is_dir() and not _pid_alive(int(m.group(2))):
+        if m and item.is_dir() and not pid_alive(int(m.group(2))):
             leftovers.append((m.group(1), item))
     olds = sorted((p for kind, p in leftovers if kind == "old"), key=lambda p: p.stat().st_mtime)
     if not folder.exists() and olds:

@@ -13,19 +13,10 @@ import os
 import socket
 from pathlib import Path
 
+from composable_ebm.atomic import pid_alive
 from composable_ebm.errors import FolderLockedError
 
 LOCK_NAME = ".lock"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
 
 
 class RunLock:
@@ -49,7 +40,7 @@ class RunLock:
                         f"{self.path.parent} is in use by a run on host {owner.get('host')!r} (pid {owner.get('pid')});"
                         f" use another --out, or delete {self.path} if that run is gone"
                     ) from None
-                if owner is not None and isinstance(owner.get("pid"), int) and _alive(owner["pid"]):
+                if owner is not None and isinstance(owner.get("pid"), int) and pid_alive(owner["pid"]):
                     raise FolderLockedError(
                         f"{self.path.parent} is in use by process {owner['pid']}; wait for it to finish or use another --out"
                     ) from None
