@@ -84,7 +84,7 @@ def main() -> None:
             "```", "", *quality,
         ])
         card = model_card(model, recipe=recipe.read_text(), recipe_name=recipe.name,
-                          steps=max(r["step"] for r in read_log(run) if "step" in r), notes=notes)
+                          steps=max(r["step"] for r in read_log(run) if "step" in r), notes=notes, metrics=["accuracy"])
         save_model(model, BUNDLED_DIR / f"shapes-{attribute}", card=card)
         CARDS_DIR.mkdir(exist_ok=True)
         (CARDS_DIR / f"shapes-{attribute}.md").write_text(card)
@@ -94,7 +94,7 @@ def main() -> None:
     card = model_card(classifier, notes=(
         "Reads shape, colour, size and position of 16x16 Shapes images; trained on every combination"
         " (`benchmarks/_shapes.py`). Accuracy on 2000 fresh clean renders: "
-        + ", ".join(f"{a} {v:.3f}" for a, v in acc.items()) + "."))
+        + ", ".join(f"{a} {v:.3f}" for a, v in acc.items()) + "."), metrics=["accuracy"])
     save_model(classifier, BUNDLED_DIR / "shapes-classifier", card=card)
     (CARDS_DIR / "shapes-classifier.md").write_text(card)
     print("bundled shapes-classifier")

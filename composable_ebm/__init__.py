@@ -26,6 +26,7 @@ from composable_ebm.evaluation import (
 )
 from composable_ebm.images import chain_strip, image_grid, save_chain_strip, save_image_grid
 from composable_ebm.hub import load_model as load
+from composable_ebm.hub import push_to_hub as push
 from composable_ebm.hub import save_model as save
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "ood_auroc",
     "plot_training_health",
     "sample",
+    "push",
     "save",
     "save_chain_strip",
     "save_image_grid",

@@ -56,7 +56,8 @@ class _Group(TyperGroup):
             raise typer.Exit(code) from err
 
 
-app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, help="Energy-based models that compose.",
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, invoke_without_command=True,
+                  help="Energy-based models that compose.",
                   pretty_exceptions_enable=False)
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate models: compositional accuracy, OOD AUROC.")
 app.add_typer(eval_app, name="eval")
@@ -66,7 +67,16 @@ app.add_typer(eval_app, name="eval")
 def _main(
     ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True)] = False,
 ) -> None:
+    if version:
+        from composable_ebm import __version__
+
+        typer.echo(f"composable_ebm {__version__}")
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(2)
     ctx.meta[DEBUG_KEY] = debug
 
 
@@ -97,8 +107,16 @@ def _parse_bindings(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _overrides(steps: int | None, rounds: int | None, step_size: float | None, precision: str | None) -> dict:
-    given = {"steps": steps, "rounds": rounds, "step_size": step_size, "precision": precision}
+def _overrides(steps: int | None, rounds: int | None, step_size: float | None, precision: str | None,
+               method: str | None = None, noise: str | None = None) -> dict:
+    """Sampler settings given on the command line (checked by ``SamplerConfig``)."""
+    if noise is not None and noise != "exact":
+        try:
+            noise = float(noise)
+        except ValueError:
+            raise InvalidInputError(f"--noise must be a number or 'exact', got {noise!r}") from None
+    given = {"steps": steps, "rounds": rounds, "step_size": step_size, "precision": precision, "method": method,
+             "noise": noise}
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -106,6 +124,8 @@ StepsOpt = Annotated[Optional[int], typer.Option(help="Langevin steps per round 
 RoundsOpt = Annotated[Optional[int], typer.Option(help="Augmentation rounds (Algorithm 2).")]
 StepSizeOpt = Annotated[Optional[float], typer.Option("--step-size", help="Langevin step size.")]
 PrecisionOpt = Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (autocast for the energy).")]
+MethodOpt = Annotated[Optional[str], typer.Option(help="langevin or mala (default: the model's).")]
+NoiseOpt = Annotated[Optional[str], typer.Option(help="Noise std per step, or 'exact' for sqrt(2 * step size).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
 
 
@@ -121,7 +141,10 @@ def train(
     device: DeviceOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Train an energy with Algorithm 1 and save its EMA weights to OUT/model."""
+    """Train an energy with Algorithm 1 and save its EMA weights to OUT/model.
+
+    Example: cebm train recipes/shapes-color.toml --out runs/color
+    """
     from composable_ebm.recipes import build_dataset, build_model, load_recipe
     from composable_ebm.training import Trainer, init_distributed
 
@@ -185,9 +208,14 @@ def sample(
     rounds: RoundsOpt = None,
     step_size: StepSizeOpt = None,
     precision: PrecisionOpt = None,
+    method: MethodOpt = None,
+    noise: NoiseOpt = None,
     device: DeviceOpt = None,
 ) -> None:
-    """Sample one model (optionally conditioned) into an image grid."""
+    """Sample one model (optionally conditioned) into an image grid.
+
+    Example: cebm sample shapes-color --condition color=blue -n 16 -o blue.png --method mala
+    """
     from composable_ebm.hub import load_model
 
     _check_outputs(n, output, chain)
@@ -195,7 +223,7 @@ def sample(
     bindings = _parse_bindings(condition)
     if bindings:
         energy = energy.condition(**bindings)
-    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision))
+    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise))
 
 
 @app.command()
@@ -209,13 +237,18 @@ def compose(
     rounds: RoundsOpt = None,
     step_size: StepSizeOpt = None,
     precision: PrecisionOpt = None,
+    method: MethodOpt = None,
+    noise: NoiseOpt = None,
     device: DeviceOpt = None,
 ) -> None:
-    """Compose models with the energy algebra (+, -, *, /, |, \\[attr=value]) and sample an image grid."""
+    """Compose models with the energy algebra (+, -, *, /, |, \\[attr=value]) and sample an image grid.
+
+    Example: cebm compose "shapes-color[color=red] + shapes-shape[shape=circle]" -n 16 -o grid.png
+    """
     _check_outputs(n, output, chain)
     energy = _load_expression(expression, _device(device))
     typer.echo(f"sampling {energy.expression()}")
-    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision))
+    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise))
 
 
 def _check_outputs(n: int, output: Path, chain: Path | None) -> None:
@@ -260,11 +293,34 @@ def _sample_to_files(energy, n: int, seed: int, output: Path, chain: Path | None
 
 
 @app.command()
+def push(
+    model_dir: Annotated[Path, typer.Argument(help="A saved model folder (config.json + model.safetensors).")],
+    repo_id: Annotated[str, typer.Argument(help="Hub repository, org/name (created if needed).")],
+    revision: Annotated[Optional[str], typer.Option(help="Branch to commit to (created if needed).")] = None,
+    private: Annotated[bool, typer.Option("--private", help="Create the repository private.")] = False,
+    message: Annotated[Optional[str], typer.Option("--message", "-m", help="Commit message.")] = None,
+) -> None:
+    """Publish a model folder to the Hugging Face Hub (token from HF_TOKEN or `hf auth login`).
+
+    Example: cebm push runs/color/model my-org/shapes-color --revision v1
+    """
+    from composable_ebm.hub import push_folder
+
+    if not model_dir.is_dir():
+        raise InvalidInputError(f"no model folder at {model_dir}")
+    url = push_folder(model_dir, repo_id, revision=revision, private=private, commit_message=message)
+    typer.echo(f"pushed {model_dir} to {repo_id}" + (f"@{revision}" if revision else "") + f": {url}")
+
+
+@app.command()
 def plot(
     run: Annotated[Path, typer.Argument(help="A run folder (or its log.jsonl).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write.")] = Path("health.png"),
 ) -> None:
-    """Plot training health: energy difference and |grad L_CD| vs |grad L_KL|."""
+    """Plot training health: energy difference and |grad L_CD| vs |grad L_KL|.
+
+    Example: cebm plot runs/color -o health.png
+    """
     from composable_ebm.evaluation import plot_training_health
 
     typer.echo(f"wrote {plot_training_health(run, output)}")
@@ -272,7 +328,10 @@ def plot(
 
 @app.command()
 def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name or org/name.")]) -> None:
-    """Show a model's type, attributes, size and default sampler settings."""
+    """Show a model's type, attributes, size and default sampler settings.
+
+    Example: cebm info shapes-color
+    """
     from composable_ebm.hub import WEIGHTS_NAME, read_config, resolve_source, typed_configs, weights_header
 
     folder = resolve_source(model)
@@ -294,7 +353,10 @@ def eval_compose(
     step_size: StepSizeOpt = None,
     device: DeviceOpt = None,
 ) -> None:
-    """Compositional accuracy: how often the classifier finds every target attribute in composed samples."""
+    """Compositional accuracy: how often the classifier finds every target attribute in composed samples.
+
+    Example: cebm eval compose "shapes-color[color=red] + shapes-shape[shape=circle]" --classifier shapes-classifier -t color=red -t shape=circle
+    """
     from composable_ebm.evaluation import compositional_accuracy
     from composable_ebm.hub import load_model
     from composable_ebm.sampling import sample as run_sampler
@@ -317,7 +379,10 @@ def eval_ood(
     seed: int = 0,
     device: DeviceOpt = None,
 ) -> None:
-    """OOD AUROC of -E(x) between two datasets (resized to the model's input shape)."""
+    """OOD AUROC of -E(x) between two datasets (resized to the model's input shape).
+
+    Example: cebm eval ood shapes-color --in shapes --out noise
+    """
     import torch.nn.functional as F
 
     from composable_ebm.data import digits, shapes

@@ -207,6 +207,32 @@ class Energy(nn.Module):
 
         return sample(self, n, **kwargs)
 
+    # ------------------------------------------------------------------ saving
+    def save_pretrained(self, folder: str | Any, card: str | None = None) -> Any:
+        """Save as ``config.json`` + ``model.safetensors`` with a model card (default: a generated one)."""
+        from composable_ebm.hub import save_model
+        from composable_ebm.model_cards import model_card
+
+        return save_model(self, folder, card=card if card is not None else model_card(self))
+
+    def push_to_hub(self, repo_id: str, revision: str | None = None, private: bool = False,
+                    token: str | None = None, commit_message: str | None = None) -> str:
+        """Publish to the Hugging Face Hub (see :func:`composable_ebm.push`); returns the commit URL."""
+        from composable_ebm.hub import push_to_hub
+
+        return push_to_hub(self, repo_id, revision=revision, private=private, token=token,
+                           commit_message=commit_message)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Any, revision: str | None = None, device: Any = "cpu") -> Energy:
+        """Load a saved model of this class: a folder, a bundled name or ``org/name[@revision]``."""
+        from composable_ebm.hub import load_model
+
+        model = load_model(name_or_path, device=device, revision=revision)
+        if not isinstance(model, cls):
+            raise TypeError(f"{name_or_path} holds a {type(model).__name__}, not a {cls.__name__}")
+        return model
+
     # ----------------------------------------------------------------- algebra
     def __add__(self, other: object) -> Energy:
         if isinstance(other, Energy):

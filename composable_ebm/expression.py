@@ -8,7 +8,7 @@ Grammar (lowest precedence first)::
     factor  := MODEL ['[' attr=value (',' attr=value)* ']'] | '(' expr ')'
 
 ``MODEL`` is anything :func:`composable_ebm.hub.load_model` accepts (a folder, a bundled
-name, ``org/name``). A ``-`` or ``/`` inside a name belongs to the name (paths, Hub ids), so
+name, ``org/name`` or ``org/name@revision``). A ``-`` or ``/`` inside a name belongs to the name (paths, Hub ids), so
 write the minus and division operators with spaces around them. Each model is loaded once, however often it appears.
 """
 
@@ -28,7 +28,7 @@ OPERATORS = "+ - * / | ( ) [attr=value, ...]"
 
 _TOKEN = re.compile(
     r"\s*(?:(?P<number>\d+\.\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)(?![A-Za-z_/~-])"
-    r"|(?P<name>(?:[A-Za-z0-9_.~]|/(?=[A-Za-z0-9_.~]))[A-Za-z0-9_./~-]*)|(?P<op>[-+*/|()\[\],=]))"
+    r"|(?P<name>(?:[A-Za-z0-9_.~]|/(?=[A-Za-z0-9_.~]))[A-Za-z0-9_./~@-]*)|(?P<op>[-+*/|()\[\],=]))"
 )
 
 

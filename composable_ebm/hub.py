@@ -303,6 +303,8 @@ def resolve_source(source: str | Path, revision: str | None = None, refresh: boo
     """The folder of a model: a local folder as is; a bundled model's short name; ``"org/name"`` from
     the local Hub cache, or downloaded when not cached (or when ``refresh``)."""
     text = str(source)
+    if not isinstance(source, Path):
+        text, revision = split_revision(text, revision)
     if isinstance(source, Path) or looks_local(text):
         path = Path(text).expanduser()
         recover_folder(path)  # a save that died between its renames leaves the old folder beside
@@ -346,3 +348,66 @@ def _from_hub(repo: str, revision: str | None, refresh: bool) -> Path:
             f" ({type(err).__name__}); CEBM_HUB_TIMEOUT sets the wait"
         ) from err
     return Path(local)
+
+
+def split_revision(name: str, revision: str | None = None) -> tuple[str, str | None]:
+    """``"org/name@rev"`` -> ``("org/name", "rev")``; an explicit ``revision`` must agree with the suffix."""
+    if "@" in name and not looks_local(name):
+        name, _, suffix = name.partition("@")
+        if not suffix:
+            raise InvalidInputError(f"'{name}@' names no revision; write org/name@branch, tag or commit")
+        if revision is not None and revision != suffix:
+            raise InvalidInputError(f"two revisions for {name}: @{suffix} and revision={revision!r}")
+        revision = suffix
+    return name, revision
+
+
+def push_to_hub(model: nn.Module, repo_id: str, revision: str | None = None, private: bool = False,
+                token: str | None = None, commit_message: str | None = None, card: str | None = None) -> str:
+    """Publish a model to the Hugging Face Hub as ``config.json``, ``model.safetensors`` and its card.
+
+    Creates the repository (and the branch ``revision``) if needed; the token comes from the usual
+    places (``HF_TOKEN``, ``hf auth login``) unless given. Returns the commit's URL.
+    """
+    import tempfile as _tempfile
+
+    from composable_ebm.model_cards import model_card
+
+    with _tempfile.TemporaryDirectory() as tmp:
+        at = f"{repo_id}@{revision}" if revision and revision != "main" else repo_id
+        card = card if card is not None else model_card(model, repo_id=at)
+        folder = save_model(model, Path(tmp) / "model", card=card)
+        return push_folder(folder, repo_id, revision, private, token, commit_message)
+
+
+def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, private: bool = False,
+                token: str | None = None, commit_message: str | None = None) -> str:
+    """Publish a saved model folder (checked by loading it first); see :func:`push_to_hub`."""
+    from huggingface_hub import HfApi
+    from huggingface_hub import errors as hub_errors
+
+    folder = Path(folder)
+    if not _REPO_ID.match(repo_id):
+        raise InvalidInputError(f"'{repo_id}' is not a Hub repository id; write org/name")
+    load_model(folder)  # never publish what would not load
+    api = HfApi(token=token)
+    with tempfile.TemporaryDirectory() as tmp:
+        upload = Path(tmp)
+        for name in (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME):
+            if (folder / name).is_file():
+                shutil.copy2(folder / name, upload / name)
+        card = upload / CARD_NAME
+        if card.is_file():  # a generated card's usage line loads from where the model now lives
+            at = f"{repo_id}@{revision}" if revision and revision != "main" else repo_id
+            card.write_text(re.sub(r'cebm\.load\("[^"]*"\)  # or the folder / Hub id it lives in',
+                                   f'cebm.load("{at}")', card.read_text()))
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            if revision is not None and revision != "main":
+                api.create_branch(repo_id, branch=revision, exist_ok=True)
+            info = api.upload_folder(folder_path=upload, repo_id=repo_id, revision=revision,
+                                     commit_message=commit_message or f"Upload {folder.name} with composable_ebm")
+        except hub_errors.HTTPError as err:
+            raise HubUnavailableError(f"pushing {folder} to {repo_id} failed: {' '.join(str(err).split())[:300]}") from err
+    return str(info)
+

@@ -17,19 +17,30 @@ CITATION = """@inproceedings{du2021improved,
 }"""
 
 
+TAGS = ["energy-based-model", "composable-ebm", "pytorch"]
+
+
+def card_metadata(datasets: list[str] | None = None, metrics: list[str] | None = None) -> str:
+    """The card's YAML header, through ``huggingface_hub.ModelCardData`` (what the Hub shows and filters on)."""
+    from huggingface_hub import ModelCardData
+
+    data = ModelCardData(library_name="composable_ebm", tags=TAGS, license="mit", datasets=datasets, metrics=metrics)
+    return f"---\n{data.to_yaml()}\n---"
+
+
 def model_card(model: nn.Module, recipe: str | None = None, recipe_name: str | None = None, steps: int | None = None,
-               notes: str | None = None) -> str:
-    """A Markdown card with Hub metadata, what the model is, how to use it and how it was trained."""
+               notes: str | None = None, repo_id: str | None = None, datasets: list[str] | None = None,
+               metrics: list[str] | None = None) -> str:
+    """A Markdown card with Hub metadata, what the model is, how to use it and how it was trained.
+
+    The usage block loads ``repo_id`` when given (a pushed model), else the model's name (a bundled model).
+    """
     config = config_to_dict(model.config)
     name = config.get("name", type(model).__name__)
     params = sum(p.numel() for p in model.parameters())
     attributes = config.get("attributes") or {}
     lines = [
-        "---",
-        "library_name: composable_ebm",
-        "tags: [energy-based-model, composable-ebm, pytorch]",
-        "license: mit",
-        "---",
+        card_metadata(datasets, metrics),
         "",
         f"# {name}",
         "",
@@ -47,7 +58,7 @@ def model_card(model: nn.Module, recipe: str | None = None, recipe_name: str | N
             a, values = next(iter(attributes.items()))
             example = f'.condition({a}="{values[0]}")'
         lines += ["", "## Use", "", "```python", "import composable_ebm as cebm", "",
-                  f'model = cebm.load("{name}")  # or the folder / Hub id it lives in',
+                  f'model = cebm.load("{repo_id or name}")' + ("" if repo_id else "  # or the folder / Hub id it lives in"),
                   f"images = model{example}.sample(n=16, seed=0)", "```"]
     if steps is not None or recipe:
         lines += ["", "## Training", ""]

@@ -180,3 +180,26 @@ def test_help_shows_the_expression_syntax_unmangled():
     """Square brackets survive typer's rich markup in the help text."""
     out = invoke("compose", "--help").output
     assert 'color[color=red] + 2*shape[shape=circle]' in out and "[attr=value]" in out
+
+
+def test_version_and_every_commands_help_shows_a_worked_example():
+    from composable_ebm import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"composable_ebm {__version__}"
+    listing = runner.invoke(app, ["--help"]).output
+    commands = [["train"], ["sample"], ["compose"], ["push"], ["plot"], ["info"], ["eval", "compose"], ["eval", "ood"]]
+    for command in commands:
+        assert command[0] in listing
+        result = runner.invoke(app, [*command, "--help"])
+        assert result.exit_code == 0 and "Example: cebm " + command[0] in " ".join(result.output.split()), command
+
+
+def test_sampler_method_and_noise_options_are_honoured_and_checked(tmp_path):
+    result = runner.invoke(app, ["sample", "shapes-color", "-n", "2", "--steps", "2", "--method", "mala", "--noise",
+                                 "exact", "-o", str(tmp_path / "m.png")])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["sample", "shapes-color", "--method", "hmc", "-o", str(tmp_path / "h.png")])
+    assert result.exit_code == 2 and "valid choices: ['langevin', 'mala']" in result.output
+    result = runner.invoke(app, ["compose", "shapes-color", "--noise", "lots", "-o", str(tmp_path / "h.png")])
+    assert result.exit_code == 2 and "--noise must be a number or 'exact'" in result.output

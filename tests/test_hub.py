@@ -56,3 +56,52 @@ def test_failed_save_keeps_the_previous_model_files(tmp_path, monkeypatch):
         save_model(MLPEnergy(MLPConfig(name="v2", hidden=8, depth=1)), tmp_path / "m")
     assert {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir()} == before  # no temp files, nothing replaced
     assert load_model(tmp_path / "m").name == "v1"
+
+
+_PUSH_AND_LOAD = r"""
+import os, sys, json, subprocess, tempfile, torch
+import composable_ebm as c
+from composable_ebm import MLPConfig, MLPEnergy
+first, second = (MLPEnergy(MLPConfig(name=n, hidden=8, depth=1)) for n in ("first", "second"))
+first.save_pretrained(sys.argv[1])
+cli = [sys.executable, "-m", "composable_ebm.cli"]
+push = subprocess.run([*cli, "push", sys.argv[1], "someorg/toy"], capture_output=True, text=True)
+assert push.returncode == 0, push.stderr
+print(push.stdout.strip().split(":")[0])
+second.push_to_hub("someorg/toy", revision="v2")  # a branch of its own
+os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp()  # a fresh cache: everything below is downloaded
+x = torch.randn(16, 2)
+main, pinned = c.load("someorg/toy"), MLPEnergy.from_pretrained("someorg/toy@v2")
+print(main.name, torch.equal(main(x), first(x)), pinned.name, torch.equal(pinned(x), second(x)))
+info = subprocess.run([*cli, "info", "someorg/toy@v2"], capture_output=True, text=True)
+print(json.loads(info.stdout)["config"]["name"])
+from huggingface_hub import hf_hub_download
+for revision in ("main", "v2"):  # each card's usage block runs as written and loads its own model
+    card = open(hf_hub_download("someorg/toy", "README.md", revision=revision)).read()
+    assert card.startswith("---\nlibrary_name: composable_ebm\n"), card[:80]
+    block = card.split("```python\n", 1)[1].split("```", 1)[0]
+    scope = {}
+    exec(block, scope)
+    print(revision, scope["model"].name, tuple(scope["images"].shape))
+"""
+
+
+def test_push_then_load_round_trips_bit_for_bit_through_a_local_hub(tmp_path):
+    from tests.hub_server import HubServer
+
+    with HubServer() as hub:
+        env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "cache"), HF_TOKEN="hf_test",
+                   HF_HUB_DISABLE_TELEMETRY="1")
+        env.pop("HF_HUB_OFFLINE", None)
+        out = subprocess.run([sys.executable, "-c", _PUSH_AND_LOAD, str(tmp_path / "model")], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.strip().splitlines()
+        assert lines[0] == f"pushed {tmp_path / 'model'} to someorg/toy"
+        assert lines[1].split() == ["first", "True", "second", "True"]
+        assert lines[2] == "second"
+        assert lines[3:] == ["main first (16, 2)", "v2 second (16, 2)"]
+        assert sorted(hub.repos["someorg/toy"].branches) == ["main", "v2"]
+        main_files = hub.repos["someorg/toy"].commits[hub.repos["someorg/toy"].branches["main"]]
+        assert sorted(main_files) == ["README.md", "config.json", "model.safetensors"]
+        assert "POST /api/repos/create" in hub.requests
