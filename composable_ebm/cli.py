@@ -364,10 +364,54 @@ def eval_compose(
     dev = _device(device)
     energy = _load_expression(expression, dev)
     clf = load_model(classifier, dev)
-    samples = run_sampler(energy, n, seed=seed, **_overrides(steps, rounds, step_size, None)).samples
+    samples = run_sampler(energy, n, seed=seed, progress=True, **_overrides(steps, rounds, step_size, None)).samples
     score = compositional_accuracy(samples, clf, _parse_bindings(target))
     typer.echo(json.dumps({"expression": energy.expression(), "n": score.n, "per_attribute": score.per_attribute,
                            "joint": score.joint}, indent=2))
+
+
+@eval_app.command("fid")
+def eval_fid(
+    real: Annotated[Path, typer.Argument(help="Folder of real images (.png, .jpg, .jpeg, .webp).")],
+    fake: Annotated[Path, typer.Argument(help="Folder of generated images.")],
+    features: Annotated[str, typer.Option(help="Inception v3 weights file (.pth or .safetensors), or an attribute "
+                                                "classifier (folder or name) whose penultimate features are used.")],
+    limit: Annotated[Optional[int], typer.Option(help="Use at most this many images of each folder.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Images per feature batch.")] = 100,
+    device: DeviceOpt = None,
+) -> None:
+    """FID between two image folders under a feature network you supply.
+
+    Example: cebm eval fid data/real samples/ --features shapes-classifier
+    """
+    from tqdm.auto import tqdm
+
+    from composable_ebm.evaluation import AttributeClassifier, InceptionV3Features, frechet_distance, gaussian_stats
+    from composable_ebm.hub import load_model
+    from composable_ebm.images import load_image_folder
+
+    dev = _device(device)
+    if batch_size < 1:
+        raise InvalidInputError(f"--batch-size must be >= 1, got {batch_size}")
+    if Path(features).is_file():
+        size, feature_fn = None, InceptionV3Features(features).to(dev)
+    else:
+        network = load_model(features, dev)
+        if not isinstance(network, AttributeClassifier):
+            raise InvalidInputError(f"--features {features}: a {type(network).__name__}; valid choices: an Inception v3"
+                                    " weights file or an attribute classifier")
+        size, feature_fn = network.config.image_size, network.features
+    stats, counts = [], []
+    for folder in (real, fake):
+        images = load_image_folder(folder, size=size, limit=limit)
+        feats = []
+        with torch.no_grad():
+            for chunk in tqdm(images.split(batch_size), desc=f"features of {folder}", leave=False):
+                feats.append(feature_fn(chunk.to(dev)).flatten(1).double().cpu())
+        stats.append(gaussian_stats(torch.cat(feats)))
+        counts.append(images.shape[0])
+    value = frechet_distance(*stats[0], *stats[1])
+    typer.echo(json.dumps({"fid": value, "real": counts[0], "fake": counts[1], "features": features}))
 
 
 @eval_app.command("ood")

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:  # pragma: no cover
-    from composable_ebm.sampling import SampleResult, SamplerConfig
+    from composable_ebm.sampling import SamplerConfig, SampleResult
 
 Labels = Mapping[str, Tensor]
 """Per-item attribute values: attribute name -> integer value indices of shape ``(B,)``."""

@@ -75,6 +75,32 @@ def save_chain_strip(chain: Tensor, path: str | Path, max_chains: int = 8) -> Pa
     return save_image(chain_strip(chain, max_chains), path)
 
 
+def load_image_folder(folder: str | Path, size: int | None = None, limit: int | None = None) -> Tensor:
+    """The images of a folder (``IMAGE_FORMATS`` suffixes, sorted by name) as RGB floats ``(N, 3, H, W)`` in
+    ``[0, 1]``, resized to ``size`` x ``size`` when given (else all must share the first one's size)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InvalidInputError(f"no image folder at {folder}")
+    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_FORMATS)[:limit]
+    if not paths:
+        raise InvalidInputError(f"{folder} holds no images; valid suffixes: {sorted(IMAGE_FORMATS)}")
+    out = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image = image.convert("RGB")
+                if size is not None:
+                    image = image.resize((size, size), Image.BILINEAR)
+                array = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+                out.append(array.view(image.height, image.width, 3).permute(2, 0, 1))
+        except OSError as err:
+            raise InvalidInputError(f"{path}: not a readable image ({err})") from err
+        if out[-1].shape != out[0].shape:
+            raise InvalidInputError(f"{path} is {tuple(out[-1].shape[1:])}, {paths[0].name} is {tuple(out[0].shape[1:])};"
+                                    " images of one folder share a size (or pass a size to resize them)")
+    return torch.stack(out).float() / 255.0
+
+
 def save_scatter(points: Tensor, path: str | Path, limits: tuple[float, float] | None = None) -> Path:
     """Write 2-D samples ``(N, 2)`` as a scatter plot PNG (for the toy energies)."""
     import matplotlib

@@ -116,7 +116,7 @@ def test_plot_info_and_eval(trained, tmp_path):
     save_model(clf, tmp_path / "clf")
     out = invoke("eval", "compose", f"{trained / 'color' / 'model'}[color=red]", "--classifier", tmp_path / "clf",
                  "-t", "color=red", "-n", "8", "--steps", "1")
-    score = json.loads(out.output)
+    score = json.loads(out.stdout)  # the progress bar goes to stderr
     assert set(score["per_attribute"]) == {"color"} and 0.0 <= score["joint"] <= 1.0 and score["n"] == 8
     ood = json.loads(invoke("eval", "ood", trained / "color" / "model", "--in", "shapes", "--out", "noise", "-n", "32").output)
     assert 0.0 <= ood["auroc"] <= 1.0
@@ -203,3 +203,31 @@ def test_sampler_method_and_noise_options_are_honoured_and_checked(tmp_path):
     assert result.exit_code == 2 and "valid choices: ['langevin', 'mala']" in result.output
     result = runner.invoke(app, ["compose", "shapes-color", "--noise", "lots", "-o", str(tmp_path / "h.png")])
     assert result.exit_code == 2 and "--noise must be a number or 'exact'" in result.output
+
+
+def test_eval_fid_between_image_folders_with_a_classifiers_features(tmp_path):
+    from composable_ebm.data import shapes
+    from composable_ebm.images import as_float_images, to_pil
+
+    for name, seed in (("real", 1), ("same", 2)):
+        (tmp_path / name).mkdir()
+        for i, image in enumerate(shapes(64, 16, seed=seed, split="all").images):
+            to_pil(as_float_images(image)).save(tmp_path / name / f"{i:03d}.png")
+    (tmp_path / "noise").mkdir()
+    for i in range(64):
+        Image.fromarray(torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8).numpy()).save(tmp_path / "noise" / f"{i}.png")
+    scores = {}
+    for other in ("same", "noise"):
+        result = runner.invoke(app, ["eval", "fid", str(tmp_path / "real"), str(tmp_path / other),
+                                     "--features", "shapes-classifier"])
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.output.strip().splitlines()[-1])
+        assert out["real"] == out["fake"] == 64
+        scores[other] = out["fid"]
+    assert 0 <= scores["same"] < scores["noise"] / 5, scores  # fresh Shapes are close, noise is far
+    print(f"FID real vs fresh Shapes {scores['same']:.3f}, vs noise {scores['noise']:.3f}")
+    result = runner.invoke(app, ["eval", "fid", str(tmp_path / "real"), str(tmp_path / "nowhere"), "--features",
+                                 "shapes-classifier"])
+    assert result.exit_code == 2 and "no image folder at" in result.output
+    result = runner.invoke(app, ["eval", "fid", str(tmp_path / "real"), str(tmp_path / "same"), "--features", "shapes-color"])
+    assert result.exit_code == 2 and "valid choices: an Inception v3 weights file or an attribute classifier" in result.output
