@@ -62,7 +62,14 @@ _PUSH_AND_LOAD = r"""
 import os, sys, json, subprocess, tempfile, torch
 import composable_ebm as c
 from composable_ebm import MLPConfig, MLPEnergy
+from composable_ebm.sampling import SamplerConfig
+from composable_ebm.training import Trainer, TrainerConfig
 first, second = (MLPEnergy(MLPConfig(name=n, hidden=8, depth=1)) for n in ("first", "second"))
+config = TrainerConfig(steps=3, batch_size=8, sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=2),
+                       chain_augment=None, buffer_size=32, ent_bank=4, ent_min_buffer=4)
+trainer = Trainer(first, torch.randn(64, 2), config)
+trainer.fit(3)
+first = trainer.ema  # a trained model
 first.save_pretrained(sys.argv[1])
 cli = [sys.executable, "-m", "composable_ebm.cli"]
 push = subprocess.run([*cli, "push", sys.argv[1], "someorg/toy"], capture_output=True, text=True)
