@@ -369,11 +369,9 @@ def push_to_hub(model: nn.Module, repo_id: str, revision: str | None = None, pri
     Creates the repository (and the branch ``revision``) if needed; the token comes from the usual
     places (``HF_TOKEN``, ``hf auth login``) unless given. Returns the commit's URL.
     """
-    import tempfile as _tempfile
-
     from composable_ebm.model_cards import model_card
 
-    with _tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         at = f"{repo_id}@{revision}" if revision and revision != "main" else repo_id
         card = card if card is not None else model_card(model, repo_id=at)
         folder = save_model(model, Path(tmp) / "model", card=card)
