@@ -26,5 +26,6 @@ class GaussianEnergy(Energy):
         return self._name
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        """Half the squared Mahalanobis distance to the mean, ``(B,)``."""
         d = x - self.mean
         return 0.5 * torch.einsum("bi,ij,bj->b", d, self.precision.to(x.dtype), d)

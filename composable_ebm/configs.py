@@ -44,6 +44,7 @@ class JSONConfig:
     """Mixin for config dataclasses: ``to_dict()`` and ``Config.from_dict(data)`` through JSON-able dicts."""
 
     def to_dict(self) -> dict[str, Any]:
+        """This config as a JSON-able dict (nested configs included)."""
         return config_to_dict(self)
 
     @classmethod

@@ -355,12 +355,14 @@ class WeightedSum(Energy):
         return sum(abs(w) for w in self.weights)
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        """``sum_i w_i * E_i(x)``, ``(B,)``."""
         total = self.weights[0] * self.terms[0](x)
         for w, term in zip(self.weights[1:], self.terms[1:]):
             total = total + w * term(x)
         return total
 
     def expression(self) -> str:
+        """The sum as text, e.g. ``(color[red] + 2.0 * shape[circle])``."""
         parts = []
         for i, (w, term) in enumerate(zip(self.weights, self.terms)):
             sign = "-" if w < 0 else "+"
@@ -388,10 +390,12 @@ class Disjunction(Energy):
         self.terms = nn.ModuleList(flat)
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        """``-logsumexp_i(-E_i(x))``, ``(B,)``."""
         stacked = torch.stack([t(x) for t in self.terms], dim=1)  # (B, K)
         return -torch.logsumexp(-stacked, dim=1)
 
     def expression(self) -> str:
+        """The disjunction as text, e.g. ``(color[red] | color[blue])``."""
         return "(" + " | ".join(t.expression() for t in self.terms) + ")"
 
     def __repr__(self) -> str:
@@ -412,11 +416,13 @@ class Conditioned(Energy):
         return self.base.name
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        """The base energy under the bound attribute values (and any others given in ``labels``)."""
         merged: dict[str, Any] = dict(labels or {})
         merged.update(self.bound)
         return self.base(x, merged)
 
     def expression(self) -> str:
+        """The base's expression with its bound values, e.g. ``color[red]``."""
         shown = []
         for attr, v in self.bound.items():
             if isinstance(v, Tensor):

@@ -21,6 +21,7 @@ class Swish(nn.Module):
     """``x * sigmoid(x)`` (Ramachandran et al. 2018), the paper's nonlinearity."""
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x * sigmoid(x)``."""
         return F.silu(x)
 
 
@@ -28,6 +29,7 @@ class WSConv2d(nn.Conv2d):
     """Conv2d with weight standardisation (zero mean, unit variance per output filter)."""
 
     def forward(self, x: Tensor) -> Tensor:
+        """Convolution with weights standardised per output channel."""
         w = self.weight
         mean = w.mean(dim=(1, 2, 3), keepdim=True)
         std = w.std(dim=(1, 2, 3), keepdim=True, unbiased=False) + 1e-5
@@ -71,6 +73,7 @@ class FiLM(nn.Module):
         nn.init.zeros_(self.map.bias)
 
     def forward(self, h: Tensor, cond: Tensor) -> Tensor:
+        """``h * (1 + g(y)) + b(y)`` for the condition vector ``cond``."""
         gain, bias = rearrange(self.map(cond), "b (two c) -> two b c 1 1", two=2)
         return h * (1 + gain) + bias
 
@@ -104,6 +107,7 @@ class ResBlock(nn.Module):
         self.down = down
 
     def forward(self, x: Tensor, cond: Tensor | None) -> Tensor:
+        """Two norm-Swish-conv layers with FiLM conditioning, plus the shortcut; then optional 2x down-sampling."""
         h = self.norm1(self.conv1(x))
         if self.film1 is not None and cond is not None:
             h = self.film1(h, cond)
@@ -128,6 +132,7 @@ class SelfAttention(nn.Module):
         self.gamma = nn.Parameter(torch.zeros(1))
 
     def forward(self, x: Tensor, cond: Tensor | None = None) -> Tensor:
+        """Self-attention over spatial positions, added to the input."""
         h, w = x.shape[-2:]
         q = rearrange(self.query(x), "b c h w -> b (h w) c")
         k = rearrange(self.key(x), "b c h w -> b (h w) c")

@@ -55,6 +55,7 @@ class MLPEnergy(Energy):
         return self.config.name
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        """The network's scalar output on ``x`` concatenated with one-hot attributes, ``(B,)``."""
         if self.attributes:
             parts = [x]
             for attr, values in self.attributes.items():

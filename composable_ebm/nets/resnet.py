@@ -149,6 +149,7 @@ class ResNetTower(nn.Module):
         self.num_downs = sum(1 for b in blocks if b.kind == "res" and b.down)
 
     def forward(self, x: Tensor, cond: Tensor | None) -> Tensor:
+        """The tower's scalar energy of ``x`` under the condition vector ``cond``, ``(B,)``."""
         h = self.stem(x)
         for block in self.blocks:
             h = block(h, cond)
@@ -210,7 +211,9 @@ class ResNetEnergy(Energy):
         return torch.stack(outs, dim=1)
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+        """Sum of the towers' energies (full, half and quarter resolution when multiscale), ``(B,)``."""
         return self._tower_energies(x, labels).sum(dim=1)
 
     def extra_repr(self) -> str:
+        """The config's name, image size and attributes, for ``print(model)``."""
         return f"name={self.config.name!r}, input_shape={self.input_shape}, multiscale={self.config.multiscale}"

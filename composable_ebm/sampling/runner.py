@@ -144,7 +144,8 @@ def sample(
         config: sampler settings; default: :func:`default_sampler_config` (a model's own, a composite's derived).
         x0: starting batch ``(n, *input_shape)`` instead of noise.
         labels: per-item attribute indices for a conditional energy.
-        seed / generator: explicit randomness; the same seed gives the same samples.
+        seed: explicit randomness; the same seed gives the same samples.
+        generator: a ``torch.Generator`` to draw from instead of ``seed``.
         keep_every: keep every k-th state of the chain in ``result.chain`` (0: keep none).
         progress: show a progress bar.
         callback: called after every step with ``{"step", "x", "energy", "grad_norm", "accepted"}``.

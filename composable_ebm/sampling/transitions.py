@@ -98,6 +98,7 @@ def evaluate(
 
 
 def clamp_bounds(energy: Energy, config: SamplerConfig) -> tuple[float, float] | None:
+    """The range samples are clamped to (Langevin) or kept in (MALA): the energy's, unless ``clamp`` is off."""
     return energy.value_range if config.clamp else None
 
 

@@ -81,6 +81,7 @@ class ReplayBuffer:
         return self.samples[idx].clone(), {a: s[idx].clone() for a, s in self.labels.items()}
 
     def state_dict(self) -> dict:
+        """Samples, labels and counters, for checkpoints (tensors only)."""
         return {
             "samples": self.samples[: self.size].clone(),
             "labels": {a: s[: self.size].clone() for a, s in self.labels.items()},
@@ -90,6 +91,7 @@ class ReplayBuffer:
         }
 
     def load_state_dict(self, state: Mapping) -> None:
+        """Inverse of :meth:`state_dict`."""
         if state["capacity"] != self.capacity or tuple(state["samples"].shape[1:]) != self.shape:
             raise ValueError(
                 f"checkpoint buffer (capacity {state['capacity']}, shape {tuple(state['samples'].shape[1:])}) does not"

@@ -62,6 +62,7 @@ class RunLock:
         return owner if isinstance(owner, dict) else None
 
     def release(self) -> None:
+        """Remove the lock if this process still owns it."""
         if self.held and self._owner() == {"host": socket.gethostname(), "pid": os.getpid()}:
             self.path.unlink(missing_ok=True)
         self.held = False

@@ -51,6 +51,7 @@ class RunLog:
                 self._writer = SummaryWriter(str(folder / "tensorboard"))
 
     def append(self, record: dict[str, Any]) -> None:
+        """Append one record (and its scalars to TensorBoard when installed)."""
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self._writer is not None and "event" not in record:

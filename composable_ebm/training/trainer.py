@@ -186,6 +186,7 @@ class ImprovedCDObjective(nn.Module):
         bank: Tensor | None,
         other_labels: Labels | None = None,
     ) -> ObjectiveOutput:
+        """The losses of one iteration (one forward, so DDP sees every parameter-gradient path)."""
         cfg, s = self.config, self.config.sampler
         use_ent = cfg.kl_ent and bank is not None
         differentiable = cfg.kl_opt or use_ent
@@ -441,6 +442,7 @@ class Trainer:
 
     # ------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
+        """The full training state: model, EMA, optimiser, buffer, RNG states, step and settings."""
         return {
             "format": 1,
             "step": self.step,

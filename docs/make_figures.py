@@ -1,0 +1,77 @@
+"""Every picture of the documentation site, from the bundled models and two short real training runs.
+
+    PYTHONPATH=. python docs/make_figures.py            # all figures (about 10 minutes on 2 CPU cores)
+    PYTHONPATH=. python docs/make_figures.py --skip-training
+
+Writes ``docs/images/op_*.png`` (one per algebra operator), ``docs/images/chain.png`` (a chain from
+noise to red large circles) and ``docs/images/health_*.png`` (training health of the shape recipe,
+with and without the KL loss, from runs written under ``runs/docs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import composable_ebm as cebm
+from composable_ebm.images import save_chain_strip, save_image_grid
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = ROOT / "docs" / "images"
+
+OPERATORS = {
+    "sum": ("red + circle", lambda m: m["red"] + m["circle"]),
+    "weighted": ("green + 3 * triangle", lambda m: m["green"] + 3 * m["triangle"]),
+    "negation": ("blue - 0.5 * square", lambda m: m["blue"] - 0.5 * m["square"]),
+    "disjunction": ("red | blue", lambda m: m["red"] | m["blue"]),
+    "temperature": ("circle / 2 (a flatter distribution)", lambda m: m["circle"] / 2.0),
+    "condition": ("shape.condition(shape='circle')", lambda m: m["circle"]),
+}
+
+
+def _big(images: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.interpolate(images, scale_factor=4, mode="nearest")
+
+
+def algebra_figures() -> None:
+    color, shape, size = cebm.load("shapes-color"), cebm.load("shapes-shape"), cebm.load("shapes-size")
+    m = {c: color.condition(color=c) for c in ("red", "green", "blue")}
+    m |= {s: shape.condition(shape=s) for s in ("circle", "square", "triangle")}
+    for key, (text, build) in OPERATORS.items():
+        save_image_grid(_big(build(m).sample(16, seed=0)), IMAGES / f"op_{key}.png", nrow=8)
+        print(f"op_{key}.png: {text}", flush=True)
+    energy = m["red"] + m["circle"] + size.condition(size="large")
+    result = energy.sample_chain(8, seed=0, keep_every=10)
+    save_chain_strip(_big(result.chain.flatten(0, 1)).unflatten(0, result.chain.shape[:2]), IMAGES / "chain.png")
+    print("chain.png", flush=True)
+
+
+def health_figures(steps: int) -> None:
+    runs = ROOT / "runs" / "docs"
+    for label, recipe in (("healthy", "recipes/shapes-shape.toml"),
+                          ("no_kl", "recipes/ablations/shapes-shape-no-kl.toml")):
+        out = runs / label
+        subprocess.run([sys.executable, "-m", "composable_ebm.cli", "train", recipe, "--out", str(out), "--steps",
+                        str(steps), "--no-progress"], check=True, cwd=ROOT)
+        cebm.evaluation.plot_training_health(out, IMAGES / f"health_{label}.png", title=f"{Path(recipe).stem}, "
+                                             f"{steps} steps")
+        print(f"health_{label}.png", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-training", action="store_true", help="only the pictures of the bundled models")
+    parser.add_argument("--steps", type=int, default=200, help="steps of each short training run")
+    args = parser.parse_args()
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    algebra_figures()
+    if not args.skip_training:
+        health_figures(args.steps)
+
+
+if __name__ == "__main__":
+    main()
