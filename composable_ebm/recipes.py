@@ -40,16 +40,27 @@ class DataConfig:
     """Which dataset to build, and which of its attributes the model is conditioned on."""
 
     dataset: str = "shapes"
-    attributes: tuple[str, ...] = ()  # conditioning attributes; empty: unconditional
-    n: int = 10000  # shapes / toy2d: number of items
-    size: int = 32  # image size
+    """One of `shapes`, `digits`, `folder`, `cifar10`, `toy2d`."""
+    attributes: tuple[str, ...] = ()
+    """conditioning attributes; empty: unconditional"""
+    n: int = 10000
+    """shapes / toy2d: number of items"""
+    size: int = 32
+    """image size"""
     seed: int = 0
-    holdout: tuple[dict[str, str], ...] = ()  # shapes: combinations kept out of training
-    channels: int = 1  # digits: 1 or 3
-    root: str | None = None  # folder / cifar10: where the data lives
-    attribute_file: str = "list_attr_celeba.txt"  # folder: CelebA-format table
-    folder_attributes: dict[str, str] = field(default_factory=dict)  # folder: ours -> column ("-Col" negates)
-    density: str = "8gaussians"  # toy2d
+    """Seed of procedural data (shapes, toy2d)."""
+    holdout: tuple[dict[str, str], ...] = ()
+    """shapes: combinations kept out of training"""
+    channels: int = 1
+    """digits: 1 or 3"""
+    root: str | None = None
+    """folder / cifar10: where the data lives"""
+    attribute_file: str = "list_attr_celeba.txt"
+    """folder: CelebA-format table"""
+    folder_attributes: dict[str, str] = field(default_factory=dict)
+    """folder: ours -> column ("-Col" negates)"""
+    density: str = "8gaussians"
+    """toy2d"""
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:

@@ -24,10 +24,15 @@ class ClassifierConfig(JSONConfig):
     """Configuration of an :class:`AttributeClassifier` (round-trips through JSON)."""
 
     name: str = "classifier"
+    """The classifier's name."""
     image_size: int = 32
+    """Side of the square input images."""
     in_channels: int = 3
-    width: int = 32  # channels of the first conv; doubled at each of the three stages
+    """Image channels."""
+    width: int = 32
+    """channels of the first conv; doubled at each of the three stages"""
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Attributes it reads: name -> value names (one head each)."""
 
     def __post_init__(self) -> None:
         check_size("ClassifierConfig", "image_size", self.image_size, low=8, high=MAX_IMAGE_SIZE)

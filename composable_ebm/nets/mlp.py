@@ -17,12 +17,19 @@ class MLPConfig(JSONConfig):
     """Configuration of an :class:`MLPEnergy`."""
 
     name: str = "mlp"
+    """The model's name."""
     dim: int = 2
+    """Input dimension."""
     hidden: int = 128
-    depth: int = 3  # number of hidden layers
+    """Hidden width."""
+    depth: int = 3
+    """number of hidden layers"""
     spectral_norm: bool = False
-    value_range: tuple[float, float] | None = None  # None: unbounded (no clamping when sampling)
+    """Spectral normalisation of every linear layer."""
+    value_range: tuple[float, float] | None = None
+    """None: unbounded (no clamping when sampling)"""
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Attributes it is conditioned on: name -> value names."""
 
     def __post_init__(self) -> None:
         check_size("MLPConfig", "dim", self.dim, high=1_000_000)

@@ -68,16 +68,27 @@ class ResNetConfig(JSONConfig):
     """Configuration of a :class:`ResNetEnergy` (round-trips through JSON)."""
 
     name: str = "resnet"
+    """The model's name (in expressions, cards and `print`)."""
     image_size: int = 32
+    """Side of the square input images."""
     in_channels: int = 3
+    """Image channels."""
     stem_channels: int = 64
+    """Width of the 3x3 stem convolution."""
     blocks: tuple[BlockSpec, ...] = PAPER_32_BLOCKS
-    norm: Norm = "group"  # group (paper) | instance (authors' code up to 128 channels) | none
-    groups: int = 32  # group-norm groups (reduced to a divisor of the width when needed)
-    spectral_norm: bool = False  # IGEBM's regulariser; the paper drops it
-    weight_standardization: bool = False  # the authors' code standardises conv weights
-    multiscale: bool = True  # sum of full, half and quarter resolution towers
-    attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> value names
+    """The architecture table: residual blocks (width, down-sampling) and attention blocks."""
+    norm: Norm = "group"
+    """group (paper) | instance (authors' code up to 128 channels) | none"""
+    groups: int = 32
+    """group-norm groups (reduced to a divisor of the width when needed)"""
+    spectral_norm: bool = False
+    """IGEBM's regulariser; the paper drops it"""
+    weight_standardization: bool = False
+    """the authors' code standardises conv weights"""
+    multiscale: bool = True
+    """sum of full, half and quarter resolution towers"""
+    attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """name -> value names"""
 
     def __post_init__(self) -> None:
         check_size("ResNetConfig", "image_size", self.image_size, high=MAX_IMAGE_SIZE)

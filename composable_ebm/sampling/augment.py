@@ -31,19 +31,32 @@ from torch import Tensor
 class AugmentConfig:
     """Settings of one augmentation transition (the appendix's per-dataset choices live in recipes)."""
 
-    color_strength: float = 1.0  # SimCLR colour-jitter strength s (0 turns jitter off)
-    color_prob: float = 0.8  # probability of colour jitter per image
-    brightness: float | None = None  # factor range [1 - b, 1 + b]; None: 0.8 s
-    contrast: float | None = None  # factor range [1 - c, 1 + c]; None: 0.8 s
-    saturation: float | None = None  # factor range [1 - a, 1 + a]; None: 0.8 s
-    hue: float | None = None  # shift range [-h, h] of a turn, h <= 0.5; None: 0.2 s
-    channel_permute_prob: float = 0.0  # probability of a uniformly random RGB channel permutation per image
-    grayscale_prob: float = 0.2  # probability of grayscale per image
-    flip_prob: float = 0.5  # probability of a horizontal flip per image
-    crop_scale: tuple[float, float] = (0.08, 1.0)  # area fraction of the random resized crop (paper: 0.02-1 at 32px)
-    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)  # aspect-ratio range of the crop
-    blur_prob: float = 0.0  # probability of Gaussian blur (authors' CelebA setting: 0.5)
-    blur_sigma: tuple[float, float] = (0.1, 2.0)  # blur sigma range in pixels
+    color_strength: float = 1.0
+    """SimCLR colour-jitter strength s (0 turns jitter off)"""
+    color_prob: float = 0.8
+    """probability of colour jitter per image"""
+    brightness: float | None = None
+    """factor range [1 - b, 1 + b]; None: 0.8 s"""
+    contrast: float | None = None
+    """factor range [1 - c, 1 + c]; None: 0.8 s"""
+    saturation: float | None = None
+    """factor range [1 - a, 1 + a]; None: 0.8 s"""
+    hue: float | None = None
+    """shift range [-h, h] of a turn, h <= 0.5; None: 0.2 s"""
+    channel_permute_prob: float = 0.0
+    """probability of a uniformly random RGB channel permutation per image"""
+    grayscale_prob: float = 0.2
+    """probability of grayscale per image"""
+    flip_prob: float = 0.5
+    """probability of a horizontal flip per image"""
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    """area fraction of the random resized crop (paper: 0.02-1 at 32px)"""
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    """aspect-ratio range of the crop"""
+    blur_prob: float = 0.0
+    """probability of Gaussian blur (authors' CelebA setting: 0.5)"""
+    blur_sigma: tuple[float, float] = (0.1, 2.0)
+    """blur sigma range in pixels"""
 
     def __post_init__(self) -> None:
         for name in ("color_prob", "grayscale_prob", "flip_prob", "blur_prob", "channel_permute_prob"):

@@ -27,15 +27,24 @@ class SamplerConfig:
     The defaults are the paper's 32x32 settings (appendix, "Experiment Configurations").
     """
 
-    step_size: float = 500.0  # lambda in x <- x - lambda * dE/dx + noise * N(0, 1)
-    noise: float | Literal["exact"] | None = 0.001  # std of the added noise; None or "exact": sqrt(2 * step_size) (exact Langevin)
-    steps: int = 40  # K: Langevin steps per round
-    rounds: int = 1  # N: rounds of [augmentation, K steps] (Algorithm 2)
-    final_steps: int = 0  # plain steps after the last round
+    step_size: float = 500.0
+    """lambda in x <- x - lambda * dE/dx + noise * N(0, 1)"""
+    noise: float | Literal["exact"] | None = 0.001
+    """std of the added noise; None or "exact": sqrt(2 * step_size) (exact Langevin)"""
+    steps: int = 40
+    """K: Langevin steps per round"""
+    rounds: int = 1
+    """N: rounds of [augmentation, K steps] (Algorithm 2)"""
+    final_steps: int = 0
+    """plain steps after the last round"""
     method: Literal["langevin", "mala"] = "langevin"
-    augment: AugmentConfig | None = None  # augmentation transition at the start of every round
-    clamp: bool = True  # clamp to the energy's value range (Langevin) / reject outside it (MALA)
-    precision: Precision = "float32"  # bfloat16: energy and gradient under autocast, update in float32
+    """`langevin` (clamped Langevin steps) or `mala` (Metropolis-adjusted)."""
+    augment: AugmentConfig | None = None
+    """augmentation transition at the start of every round"""
+    clamp: bool = True
+    """clamp to the energy's value range (Langevin) / reject outside it (MALA)"""
+    precision: Precision = "float32"
+    """bfloat16: energy and gradient under autocast, update in float32"""
 
     def __post_init__(self) -> None:
         if self.noise == "exact":  # spelling for recipe files, which have no null

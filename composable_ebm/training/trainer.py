@@ -64,35 +64,64 @@ RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every"})
 class TrainerConfig(JSONConfig):
     """Settings of Algorithm 1. Defaults follow the paper (32x32), or the authors' code where the paper is silent."""
 
-    steps: int = 10000  # training iterations
+    steps: int = 10000
+    """training iterations"""
     batch_size: int = 16
-    lr: float = 2e-4  # Adam (authors' code)
-    betas: tuple[float, float] = (0.0, 0.9)  # Adam betas (authors' code)
-    grad_clip: float | None = 0.5  # max global gradient norm (authors' code); None: no clipping
-    ema_decay: float = 0.9999  # paper; the authors' code uses 0.99
-    ema_warmup: bool = True  # decay min(ema_decay, (1 + t) / (10 + t)) at step t, so the EMA is useful early
+    """Positives (and chains) per iteration and rank."""
+    lr: float = 2e-4
+    """Adam (authors' code)"""
+    betas: tuple[float, float] = (0.0, 0.9)
+    """Adam betas (authors' code)"""
+    grad_clip: float | None = 0.5
+    """max global gradient norm (authors' code); None: no clipping"""
+    ema_decay: float = 0.9999
+    """paper; the authors' code uses 0.99"""
+    ema_warmup: bool = True
+    """decay min(ema_decay, (1 + t) / (10 + t)) at step t, so the EMA is useful early"""
     sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(step_size=500.0, noise=0.001, steps=40))
+    """The training chains: `steps` K (Langevin steps per iteration), step size and noise; Langevin only."""
     chain_augment: AugmentConfig | None = field(default_factory=lambda: AugmentConfig(crop_scale=(0.02, 1.0)))
-    data_augment: AugmentConfig | None = None  # augmentation of the positives (changes only what the model ignores)
-    negative_labels: Literal["positives", "buffer"] = "positives"  # the condition each chain runs under
-    label_weight: float = 0.0  # L_label: positives under another value as negatives (not in the paper; 0: off)
+    """Augmentation of chain starts drawn from the buffer; `false` in a recipe turns it off."""
+    data_augment: AugmentConfig | None = None
+    """augmentation of the positives (changes only what the model ignores)"""
+    negative_labels: Literal["positives", "buffer"] = "positives"
+    """the condition each chain runs under"""
+    label_weight: float = 0.0
+    """L_label: positives under another value as negatives (not in the paper; 0: off)"""
     buffer_size: int = 10000
+    """Replay buffer capacity (samples)."""
     buffer_policy: Literal["reservoir", "fifo"] = "reservoir"
-    reinit_prob: float = 0.001  # chain starts from fresh noise (experiments: 0.1%; Algorithm 1: 1%)
-    cd_l2: float = 1.0  # alpha of the L2 energy regulariser (authors' code)
-    kl_opt: bool = True  # L_opt: energy of samples through the last Langevin step
+    """Which samples the full buffer keeps: a uniform `reservoir` sample of all, or the newest (`fifo`)."""
+    reinit_prob: float = 0.001
+    """chain starts from fresh noise (experiments: 0.1%; Algorithm 1: 1%)"""
+    cd_l2: float = 1.0
+    """alpha of the L2 energy regulariser (authors' code)"""
+    kl_opt: bool = True
+    """L_opt: energy of samples through the last Langevin step"""
     opt_weight: float = 1.0
-    kl_ent: bool = True  # L_ent: nearest-neighbour entropy against past samples
-    ent_weight: float = 0.3  # authors' code
-    ent_bank: int = 100  # |X|, past samples for the nearest-neighbour distance (paper: 100)
-    ent_min_buffer: int = 100  # L_ent starts once the buffer holds this many samples
-    dequantize: bool = True  # x * 255/256 + U(0, 1/256) for data in [0, 1] (authors' code)
+    """Weight of L_opt."""
+    kl_ent: bool = True
+    """L_ent: nearest-neighbour entropy against past samples"""
+    ent_weight: float = 0.3
+    """authors' code"""
+    ent_bank: int = 100
+    """|X|, past samples for the nearest-neighbour distance (paper: 100)"""
+    ent_min_buffer: int = 100
+    """L_ent starts once the buffer holds this many samples"""
+    dequantize: bool = True
+    """x * 255/256 + U(0, 1/256) for data in [0, 1] (authors' code)"""
     on_fault: Literal["rollback", "stop"] = "rollback"
-    max_energy_diff: float = 1e4  # |mean E(x+) - mean E(x-)| above this is a fault
+    """On a non-finite or exploding step: `rollback` to the last checkpoint with a new seed, or `stop`."""
+    max_energy_diff: float = 1e4
+    """|mean E(x+) - mean E(x-)| above this is a fault"""
     max_rollbacks: int = 5
-    log_every: int = 10  # JSONL (and TensorBoard) record every this many steps, with gradient norms
+    """Rollbacks allowed before the run stops."""
+    log_every: int = 10
+    """JSONL (and TensorBoard) record every this many steps, with gradient norms"""
     checkpoint_every: int = 100
+    """Write the full training state every this many steps."""
     seed: int = 0
+    """Seeds the network's initialisation, the data order, chains and augmentations."""
 
     def __post_init__(self) -> None:
         if self.sampler.total_steps < 1:
