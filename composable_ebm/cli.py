@@ -384,9 +384,13 @@ def eval_fid(
 
     Example: cebm eval fid data/real samples/ --features shapes-classifier
     """
-    from tqdm.auto import tqdm
-
-    from composable_ebm.evaluation import AttributeClassifier, InceptionV3Features, frechet_distance, gaussian_stats
+    from composable_ebm.evaluation import (
+        AttributeClassifier,
+        InceptionV3Features,
+        extract_features,
+        frechet_distance,
+        gaussian_stats,
+    )
     from composable_ebm.hub import load_model
     from composable_ebm.images import load_image_folder
 
@@ -404,11 +408,8 @@ def eval_fid(
     stats, counts = [], []
     for folder in (real, fake):
         images = load_image_folder(folder, size=size, limit=limit)
-        feats = []
         with torch.no_grad():
-            for chunk in tqdm(images.split(batch_size), desc=f"features of {folder}", leave=False):
-                feats.append(feature_fn(chunk.to(dev)).flatten(1).double().cpu())
-        stats.append(gaussian_stats(torch.cat(feats)))
+            stats.append(gaussian_stats(extract_features(images, feature_fn, batch_size, device=dev, progress=True)))
         counts.append(images.shape[0])
     value = frechet_distance(*stats[0], *stats[1])
     typer.echo(json.dumps({"fid": value, "real": counts[0], "fake": counts[1], "features": features}))

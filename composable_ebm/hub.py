@@ -193,7 +193,8 @@ def weights_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
         raise ModelNotFoundError(f"{path.parent} has no {WEIGHTS_NAME}")
     try:
         with safe_open(str(path), "pt") as f:
-            return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+            slices = {k: f.get_slice(k) for k in f.keys()}
+            return {k: (tuple(s.get_shape()), s.get_dtype()) for k, s in slices.items()}
     except (SafetensorError, OSError) as err:
         raise ModelFileError(f"{path}: not a readable safetensors file ({err})") from err
 

@@ -98,22 +98,22 @@ def load_recipe(path: str | Path) -> Recipe:
         data = config_from_dict(DataConfig, raw.get("data", {}))
         trainer = config_from_dict(TrainerConfig, raw.get("trainer", {}))
         sampling = config_from_dict(SamplerConfig, raw["sampling"]) if "sampling" in raw else None
-        _check_model_settings(model_type, model)
+        _model_config(model_type, model)  # checked now, before any data is built
     except (ValueError, TypeError) as err:
         raise InvalidInputError(f"{path}: {err}") from err
     return Recipe(model_type, model, data, trainer, sampling)
 
 
-def _check_model_settings(model_type: str, settings: dict[str, Any]) -> None:
-    """Type- and range-check a recipe's [model] table now, before any data is built."""
+def _model_config(model_type: str, settings: dict[str, Any]) -> MLPConfig | ResNetConfig:
+    """The typed, range-checked config of a recipe's [model] table (a ResNet's preset, then its overrides)."""
     settings = dict(settings)
     if model_type == "mlp":
-        config_from_dict(MLPConfig, settings)
-        return
+        return config_from_dict(MLPConfig, settings)
     preset = settings.pop("preset", None)
     if preset is not None and preset not in PRESETS:
         raise InvalidInputError(f"unknown preset {preset!r}; valid choices: {sorted(PRESETS)}")
-    config_from_dict(ResNetConfig, settings)
+    base = PRESETS[preset]() if preset else ResNetConfig()
+    return config_from_dict(ResNetConfig, {**base.to_dict(), **settings})
 
 
 def _read_with_base(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
@@ -172,18 +172,12 @@ def build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
 
 
 def _build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
-    settings = dict(recipe.model)
-    if recipe.model_type == "mlp":
-        config = config_from_dict(MLPConfig, settings)
+    config = _model_config(recipe.model_type, recipe.model)
+    if isinstance(config, MLPConfig):
         model: Energy = MLPEnergy(config)
     else:
-        preset = settings.pop("preset", None)
-        if preset is not None and preset not in PRESETS:
-            raise InvalidInputError(f"unknown preset {preset!r}; valid choices: {sorted(PRESETS)}")
-        base = PRESETS[preset]() if preset else ResNetConfig()
-        overrides = config_from_dict(ResNetConfig, {**base.to_dict(), **settings})
         attributes = data.attributes if isinstance(data, ImageDataset) else {}
-        config = dataclasses.replace(overrides, attributes=dict(attributes))
+        config = dataclasses.replace(config, attributes=dict(attributes))
         if isinstance(data, ImageDataset):
             c, h = data.images.shape[1], data.images.shape[2]
             config = dataclasses.replace(config, in_channels=c, image_size=h)

@@ -90,12 +90,18 @@ def frechet_distance(mu1: Tensor, cov1: Tensor, mu2: Tensor, cov2: Tensor) -> fl
 
 
 @torch.no_grad()
-def extract_features(images: Tensor, feature_fn: FeatureFn, batch_size: int = 100, device: torch.device | str | None = None) -> Tensor:
-    """Features ``(N, D)`` of images ``(N, C, H, W)`` (uint8 or float in [0, 1]), in batches."""
+def extract_features(images: Tensor, feature_fn: FeatureFn, batch_size: int = 100, device: torch.device | str | None = None,
+                     progress: bool = False) -> Tensor:
+    """Features ``(N, D)`` of images ``(N, C, H, W)`` (uint8 or float in [0, 1]), in batches (with a progress bar)."""
     if device is None and isinstance(feature_fn, nn.Module):
         device = next(feature_fn.parameters()).device
     out = []
-    for chunk in images.split(batch_size):
+    chunks = images.split(batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        chunks = tqdm(chunks, desc="features", leave=False)
+    for chunk in chunks:
         chunk = as_float_images(chunk)
         out.append(feature_fn(chunk.to(device) if device is not None else chunk).flatten(1).double().cpu())
     return torch.cat(out)
