@@ -7,7 +7,7 @@ Implements "Improved Contrastive Divergence Training of Energy-Based Models"
 __version__ = "0.1.0"
 
 from composable_ebm.analytic import GaussianEnergy
-from composable_ebm.energy import Conditioned, Disjunction, Energy, Labels, WeightedSum
+from composable_ebm.energy import NULL, Conditioned, Disjunction, Energy, Guided, Labels, WeightedSum, guided
 from composable_ebm.nets import BlockSpec, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
 from composable_ebm.sampling import AugmentConfig, SampleResult, SamplerConfig, sample
 from composable_ebm.training import ReplayBuffer, Trainer, TrainerConfig, TrainingDiverged
@@ -38,10 +38,12 @@ __all__ = [
     "Disjunction",
     "Energy",
     "GaussianEnergy",
+    "Guided",
     "ImageDataset",
     "InceptionV3Features",
     "Labels",
     "MLPConfig",
+    "NULL",
     "MLPEnergy",
     "ReplayBuffer",
     "ResNetConfig",
@@ -60,6 +62,7 @@ __all__ = [
     "compositional_accuracy",
     "digits",
     "fid",
+    "guided",
     "image_grid",
     "inception_score",
     "load",

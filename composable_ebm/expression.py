@@ -5,11 +5,12 @@ Grammar (lowest precedence first)::
     expr    := sum ('|' sum)*                      disjunction
     sum     := ['-'] product (('+' | '-') product)*
     product := NUMBER '*' product | factor ('*' NUMBER | '/' NUMBER)*
-    factor  := MODEL ['[' attr=value (',' attr=value)* ']'] | '(' expr ')'
+    factor  := MODEL ['[' attr=value (',' attr=value)* ']'] | '(' expr ')' | 'guided(' sum ')'
 
 ``MODEL`` is anything :func:`composable_ebm.hub.load_model` accepts (a folder, a bundled
 name, ``org/name`` or ``org/name@revision``). A ``-`` or ``/`` inside a name belongs to the name (paths, Hub ids), so
 write the minus and division operators with spaces around them. Each model is loaded once, however often it appears.
+``guided(a + b - 0.5 * c)`` is the guided form of a sum of conditioned models (:func:`composable_ebm.energy.guided`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from composable_ebm.energy import Energy
+from composable_ebm.energy import Energy, guided
 from composable_ebm.errors import InvalidInputError
 
 MAX_DEPTH = 32
 """Deepest nesting of parentheses (and of ``NUMBER *`` prefixes) an expression may use."""
 MAX_LENGTH = 10_000
 """Longest expression parsed, in characters."""
-OPERATORS = "+ - * / | ( ) [attr=value, ...]"
+OPERATORS = "+ - * / | ( ) [attr=value, ...] guided(...)"
 
 _TOKEN = re.compile(
     r"\s*(?:(?P<number>\d+\.\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)(?![A-Za-z_/~-])"
@@ -127,6 +128,16 @@ class _Parser:
             self.depth -= 1
             return inner
         name = self.take(kind="name")
+        if name == "guided" and self.at("("):
+            self.take("(")
+            self.enter()
+            inner = self.sum()
+            self.take(")")
+            self.depth -= 1
+            try:
+                return guided(inner)
+            except ValueError as err:
+                raise InvalidInputError(f"in {self.text!r}: {err}") from err
         if name not in self.cache:
             self.cache[name] = self.load(name)
         energy = self.cache[name]

@@ -177,7 +177,8 @@ def _build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
         model: Energy = MLPEnergy(config)
     else:
         attributes = data.attributes if isinstance(data, ImageDataset) else {}
-        config = dataclasses.replace(config, attributes=dict(attributes))
+        config = dataclasses.replace(config, attributes=dict(attributes),
+                                     null_condition=bool(attributes) and recipe.trainer.label_dropout > 0)
         if isinstance(data, ImageDataset):
             c, h = data.images.shape[1], data.images.shape[2]
             config = dataclasses.replace(config, in_channels=c, image_size=h)

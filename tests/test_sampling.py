@@ -146,17 +146,22 @@ def test_composite_of_conditional_networks_samples_end_to_end(color_model, shape
     red, circle = color_model.condition(color="red"), shape_model.condition(shape="circle")
     color_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig())
     composite = red + circle - 0.5 * shape_model.condition(shape="square")
-    # the step of a sum is divided by its total absolute weight, 1 + 1 + 0.5
+    # a sum keeps its parts' step size: each term's gradient moves the chain as far as it does alone
     assert composite.sampler_config is None  # a composite has no settings of its own
-    assert default_sampler_config(composite).step_size == pytest.approx(10.0 / 2.5)
-    assert default_sampler_config(2.0 * red + circle).step_size == pytest.approx(10.0 / 3)
+    assert default_sampler_config(composite).step_size == pytest.approx(10.0)
+    assert default_sampler_config(2.0 * red + circle).step_size == pytest.approx(10.0)
     assert default_sampler_config(red | circle).step_size == pytest.approx(10.0)
+    # the shape model has no augmentation of its own, so the sum runs none (a colour model's flips
+    # and crops would move what a position or size model is bound to)
+    assert default_sampler_config(composite).augment is None
+    shape_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig())
+    assert default_sampler_config(composite).augment == AugmentConfig()
     images = composite.sample(n=4, seed=0)
     assert images.shape == (4, 3, 8, 8)
     assert images.min() >= 0 and images.max() <= 1
     # per-call overrides win over the derived defaults
     result = composite.sample_chain(n=2, seed=0, steps=2, rounds=3, keep_every=2)
-    assert result.config.step_size == pytest.approx(10.0 / 2.5) and result.config.steps == 2
+    assert result.config.step_size == pytest.approx(10.0) and result.config.steps == 2
     assert result.diagnostics.energy.shape == (6,)
 
 
@@ -198,3 +203,28 @@ def test_bad_settings_are_rejected_with_the_valid_choices(image_energy):
         sample(GaussianEnergy(MEAN, COV), 2, SamplerConfig(augment=AugmentConfig()), seed=0)
     with pytest.raises(ValueError, match="crop_scale"):
         AugmentConfig(crop_scale=(0.0, 1.0))
+
+
+@pytest.mark.parametrize("temperature", [2.0, 0.5])
+def test_temperature_scales_the_spread_under_the_decoupled_noise_sampler(temperature):
+    """``E / T`` under the fixed-noise Langevin sampler the bundled models use (step and noise set apart):
+    its stationary variance is T times that of ``E`` (for a Gaussian: noise^2 / (2 step) * T * cov)."""
+    energy = GaussianEnergy(torch.zeros(2), torch.eye(2) * 0.5)
+    energy.sampler_config = SamplerConfig(step_size=0.02, noise=0.2, steps=600, clamp=False)
+    base = sample(energy, 4000, seed=0).samples.var(dim=0).mean()
+    tempered = sample(energy / temperature, 4000, seed=0).samples.var(dim=0).mean()
+    # decoupled noise: variance = noise^2 / (2 step) * cov = 0.5 for E, T times that for E / T
+    assert float(base) == pytest.approx(0.5, rel=0.12)
+    assert float(tempered / base) == pytest.approx(temperature, rel=0.15)
+
+
+def test_smooth_initialisation_starts_from_low_frequency_noise_in_the_value_range(image_energy):
+    """init_scale draws the starting noise at a coarser grid: neighbouring pixels nearly agree."""
+    from composable_ebm.sampling import initial_noise
+
+    gen = torch.Generator().manual_seed(0)
+    plain = initial_noise(image_energy, 64, gen, torch.device("cpu"))
+    smooth = initial_noise(image_energy, 64, gen, torch.device("cpu"), init_scale=4)
+    assert smooth.shape == plain.shape and smooth.min() >= 0 and smooth.max() <= 1
+    jump = lambda x: (x[..., 1:] - x[..., :-1]).abs().mean()  # noqa: E731
+    assert jump(smooth) < 0.4 * jump(plain)

@@ -89,6 +89,9 @@ class ResNetConfig(JSONConfig):
     """sum of full, half and quarter resolution towers"""
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """name -> value names"""
+    null_condition: bool = False
+    """the all-zero condition was trained (label dropout), so an unbound attribute gives the model's
+    unconditional energy; without it an unbound attribute is refused"""
 
     def __post_init__(self) -> None:
         check_size("ResNetConfig", "image_size", self.image_size, high=MAX_IMAGE_SIZE)
@@ -193,16 +196,33 @@ class ResNetEnergy(Energy):
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def has_null_condition(self) -> bool:
+        """True for unconditional models and for conditional ones trained with label dropout."""
+        return not self.attributes or self.config.null_condition
+
     def condition_vector(self, labels: Labels | None, batch: int, device: torch.device) -> Tensor | None:
-        """Concatenated one-hot codes of the bound attributes; zeros for unbound ones. ``(B, D)``."""
+        """Concatenated one-hot codes of the bound attributes; zeros (the null condition) for unbound
+        ones and for items whose index is :data:`~composable_ebm.energy.NULL`. ``(B, D)``.
+
+        A model trained without label dropout (``config.null_condition`` false) never saw the null
+        condition, so an unbound attribute is an error naming the attributes to bind.
+        """
         if not self.attributes:
             return None
         parts = []
         for attr, values in self.attributes.items():
-            if labels is not None and attr in labels:
-                parts.append(F.one_hot(labels[attr], len(values)).float())
+            idx = labels.get(attr) if labels is not None else None
+            if idx is None:
+                code = torch.zeros(batch, len(values), device=device)
             else:
-                parts.append(torch.zeros(batch, len(values), device=device))
+                code = F.one_hot(idx.clamp(min=0), len(values)).float() * (idx >= 0).unsqueeze(1)
+            if not self.config.null_condition and (idx is None or bool((idx < 0).any())):
+                raise InvalidInputError(
+                    f"{self.name} was trained without a null condition (label dropout), so it has no"
+                    f" unconditional energy; bind its attribute: {self.name}[{attr}=...] with one of {list(values)}"
+                )
+            parts.append(code)
         return torch.cat(parts, dim=1)
 
     def scale_energies(self, x: Tensor, labels: Labels | None = None) -> Tensor:

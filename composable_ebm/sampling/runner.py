@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from composable_ebm.energy import Conditioned, Disjunction, Energy, Labels, WeightedSum
+from composable_ebm.energy import Conditioned, Disjunction, Energy, Guided, Labels, WeightedSum
 from composable_ebm.errors import InvalidInputError, NonFiniteError
 from composable_ebm.sampling.augment import augment
 from composable_ebm.sampling.transitions import (
@@ -77,12 +78,17 @@ def make_generator(seed: int | None, generator: torch.Generator | None, device: 
 def default_sampler_config(energy: Energy) -> SamplerConfig:
     """The settings ``energy.sample(n)`` uses when none are given.
 
-    A model's own settings (a trained model carries its recipe's); for a composite, derived
-    from its parts: a weighted sum takes its first part's settings with the step size divided by
-    the total absolute weight ``sum_i |w_i|`` (its gradient is up to that many times a part's; the
-    authors' composition scripts divide by the number of models, the same for unit weights); a
-    disjunction takes its first part's, a conditioned model its base's. Without any: the
-    sampler's defaults.
+    A model's own settings (a trained model carries its recipe's); a conditioned model its
+    base's; a composite (weighted sum, guided sum, disjunction) its first part's, with two rules:
+
+    - the step size is the part's own, not divided by the weights: each term's gradient then moves
+      a chain as far as it does alone (times its weight), and a temperature ``/ T`` scales the
+      gradient against fixed noise, so it widens (T > 1) or sharpens (T < 1) the samples;
+    - augmentation transitions only when every part's own settings use the same one: an
+      augmentation one model ignores (a flip, for a shape model) can change what another is
+      bound to (left or right).
+
+    Without any settings: the sampler's defaults.
     """
     return _own_or_derived(energy) or SamplerConfig()
 
@@ -92,11 +98,13 @@ def _own_or_derived(energy: Energy) -> SamplerConfig | None:
         return energy.sampler_config
     if isinstance(energy, Conditioned):
         return _own_or_derived(energy.base)
-    if isinstance(energy, (WeightedSum, Disjunction)):
-        base = next((c for c in map(_own_or_derived, energy.terms) if c is not None), None)
-        if base is None or isinstance(energy, Disjunction):
-            return base
-        return dataclasses.replace(base, step_size=base.step_size / max(energy.total_weight, 1e-12))
+    if isinstance(energy, (WeightedSum, Guided, Disjunction)):
+        parts = [_own_or_derived(t) for t in energy.terms]
+        first = next((c for c in parts if c is not None), None)
+        if first is None:
+            return None
+        shared = len({c.augment if c is not None else None for c in parts}) == 1  # no settings: no augmentation
+        return dataclasses.replace(first, augment=first.augment if shared else None)
     return None
 
 
@@ -112,13 +120,26 @@ def resolve_config(energy: Energy, config: SamplerConfig | None, overrides: dict
     return dataclasses.replace(base, **overrides)
 
 
-def initial_noise(energy: Energy, n: int, generator: torch.Generator, device: torch.device) -> Tensor:
-    """Uniform noise over the value range (standard normal for unbounded energies)."""
+def initial_noise(
+    energy: Energy, n: int, generator: torch.Generator, device: torch.device, init_scale: int = 1
+) -> Tensor:
+    """Uniform noise over the value range (standard normal for unbounded energies).
+
+    With ``init_scale`` > 1 an image energy's noise is drawn at ``1/init_scale`` of each side and
+    upsampled bilinearly: smooth random colour fields, still spanning the value range.
+    """
     shape = (n, *energy.input_shape)
+    smooth = init_scale > 1 and len(shape) == 4
+    if smooth:
+        shape = (*shape[:2], *(max(1, -(-s // init_scale)) for s in shape[2:]))
     if energy.value_range is None:
-        return torch.randn(shape, generator=generator, device=device)
-    lo, hi = energy.value_range
-    return lo + (hi - lo) * torch.rand(shape, generator=generator, device=device)
+        x = torch.randn(shape, generator=generator, device=device)
+    else:
+        lo, hi = energy.value_range
+        x = lo + (hi - lo) * torch.rand(shape, generator=generator, device=device)
+    if smooth:
+        x = F.interpolate(x, size=energy.input_shape[1:], mode="bilinear", align_corners=False)
+    return x
 
 
 def sample(
@@ -159,7 +180,7 @@ def sample(
             raise InvalidInputError(f"n must be a positive integer (the number of samples), got {n!r}")
         dev = torch.device(device) if device is not None else energy.device
         gen = make_generator(seed, generator, dev)
-        x = initial_noise(energy, n, gen, dev)
+        x = initial_noise(energy, n, gen, dev, cfg.init_scale)
     else:
         if n is not None and n != x0.shape[0]:
             raise ValueError(f"n={n} disagrees with x0's batch of {x0.shape[0]}")

@@ -45,6 +45,9 @@ class SamplerConfig:
     """clamp to the energy's value range (Langevin) / reject outside it (MALA)"""
     precision: Precision = "float32"
     """bfloat16: energy and gradient under autocast, update in float32"""
+    init_scale: int = 1
+    """chains start from uniform noise drawn at 1/init_scale of the image side and upsampled bilinearly
+    (1: per-pixel uniform noise, Algorithm 2); larger values start from smooth colour fields"""
 
     def __post_init__(self) -> None:
         if self.noise == "exact":  # spelling for recipe files, which have no null
@@ -55,6 +58,7 @@ class SamplerConfig:
         for name in ("steps", "final_steps"):
             check_size("SamplerConfig", name, getattr(self, name), low=0, high=1 << 24)
         check_size("SamplerConfig", "rounds", self.rounds, high=1 << 20)
+        check_size("SamplerConfig", "init_scale", self.init_scale, high=1 << 12)
         if self.steps < 0 or self.rounds < 1 or self.final_steps < 0:
             raise ValueError(
                 f"need steps >= 0, rounds >= 1, final_steps >= 0; got {self.steps}, {self.rounds}, {self.final_steps}"

@@ -71,12 +71,13 @@ def entropy_loss(x_hat: Tensor, bank: Tensor, eps: float = 1e-8) -> Tensor:
 
 
 def other_values(labels: Labels, attributes: Mapping[str, tuple[str, ...]], generator: torch.Generator) -> dict[str, Tensor]:
-    """For each attribute, a uniformly drawn value different from each label ``(N,)``."""
+    """For each attribute, a uniformly drawn value different from each label ``(N,)`` (an unbound
+    label, ``NULL``, stays unbound)."""
     out = {}
     for attr, y in labels.items():
         k = len(attributes[attr])
         shift = torch.randint(1, k, y.shape, generator=generator, device=y.device) if k > 1 else torch.zeros_like(y)
-        out[attr] = (y + shift) % k
+        out[attr] = torch.where(y < 0, y, (y + shift) % k)
     return out
 
 

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from composable_ebm.atomic import remove_stale_temporaries
 from composable_ebm.configs import JSONConfig, check_range, check_size
-from composable_ebm.energy import Energy, Labels
+from composable_ebm.energy import NULL, Energy, Labels
 from composable_ebm.errors import InvalidInputError, ModelFileError
 from composable_ebm.images import as_float_images
 from composable_ebm.sampling import (
@@ -88,6 +88,10 @@ class TrainerConfig(JSONConfig):
     """the condition each chain runs under"""
     label_weight: float = 0.0
     """L_label: positives under another value as negatives (not in the paper; 0: off)"""
+    label_dropout: float = 0.0
+    """Probability that a positive (and the chain paired with it) runs under the null condition, every
+    attribute unbound: trains the model's unconditional energy, which guided composition needs
+    (Composable Diffusion, Liu et al. 2022, and Du et al. 2023 use 5-10%). 0: off."""
     buffer_size: int = 10000
     """Replay buffer capacity (samples)."""
     buffer_policy: Literal["reservoir", "fifo"] = "reservoir"
@@ -138,6 +142,7 @@ class TrainerConfig(JSONConfig):
         owner = "TrainerConfig"
         check_range(owner, "ema_decay", self.ema_decay, 0.0, 1.0, high_open=True)
         check_range(owner, "reinit_prob", self.reinit_prob, 0.0, 1.0)
+        check_range(owner, "label_dropout", self.label_dropout, 0.0, 1.0, high_open=True)
         check_range(owner, "lr", self.lr, 0.0, low_open=True)
         for i, beta in enumerate(self.betas):
             check_range(owner, f"betas[{i}]", beta, 0.0, 1.0, high_open=True)
@@ -336,7 +341,11 @@ class Trainer:
             x = augment(x, self.config.data_augment, self.generator)
         if self.config.dequantize and self.energy.value_range == (0.0, 1.0):
             x = x * (255.0 / 256.0) + torch.rand(x.shape, generator=self.generator, device=self.device) / 256.0
-        return x, {a: v[idx] for a, v in self.labels.items()}
+        labels = {a: v[idx] for a, v in self.labels.items()}
+        if self.config.label_dropout > 0 and labels:  # the null condition: every attribute unbound at once
+            drop = torch.rand(n, generator=self.generator, device=self.device) < self.config.label_dropout
+            labels = {a: torch.where(drop, torch.full_like(v, NULL), v) for a, v in labels.items()}
+        return x, labels
 
     def _chain_starts(self, n: int, pos_labels: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """Chain starts and the labels their chains run under.
@@ -348,7 +357,7 @@ class Trainer:
         keeps the label a buffer sample was made under instead; that mix drifts like a
         Polya urn and is there for experiments only.
         """
-        noise = initial_noise(self.energy, n, self.generator, self.device)
+        noise = initial_noise(self.energy, n, self.generator, self.device, self.config.sampler.init_scale)
         if len(self.buffer) == 0:
             return noise, dict(pos_labels)
         old, old_labels = self.buffer.sample(n, self.generator)

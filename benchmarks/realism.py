@@ -1,0 +1,143 @@
+"""Do the Shapes models' samples look like the data? Realism and attribute reading, per model and value.
+
+For every value of every given model: ``--n`` samples with the model's default settings (what
+``model.condition(attr=value).sample(n)`` gives a user), against fresh renders of that value from
+the model's training split:
+
+- FID ratio: FID in the bundled classifier's penultimate features of the samples against a
+  reference of 1000 renders, over the floor (``--n`` other fresh renders against the same
+  reference); 1 is "as real as real images";
+- high-frequency ratio: mean |discrete Laplacian| of the samples over the renders';
+- accuracy: how often the classifier reads the value asked for; coverage: the largest gap
+  between the samples' and the data's distribution of each other attribute;
+- a contact sheet per model (samples left, renders right, one row per value).
+
+    python -m benchmarks.realism                                   # the bundled models
+    python -m benchmarks.realism --models runs/screen/a/model --label a --no-doc
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from benchmarks._report import machine, write_section
+from benchmarks._shapes import load_run
+from composable_ebm import shapes
+from composable_ebm.evaluation.conditional import max_deviation, value_distribution
+from composable_ebm.evaluation.realism import contact_sheet, realism
+from composable_ebm.hub import load_model
+from composable_ebm.images import save_image, to_pil
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = ("shapes-shape", "shapes-color", "shapes-size", "shapes-position")
+HOLDOUT = [{"color": "red", "shape": "circle"}]
+
+
+def renders_of(attribute: str, index: int, n: int, seed: int, split: str = "train"):
+    """``n`` fresh 16x16 renders whose ``attribute`` has value ``index`` (with their labels)."""
+    pool = shapes(max(20 * n, 800), 16, seed=seed, holdout=HOLDOUT, split=split)
+    keep = torch.nonzero(pool.labels[attribute] == index).squeeze(1)[:n]
+    if keep.numel() < n:
+        raise RuntimeError(f"only {keep.numel()} renders of {attribute} = {index} in the pool; raise its size")
+    return pool.images[keep], {a: v[keep] for a, v in pool.labels.items()}
+
+
+def measure_model(model, classifier, n: int, seed: int, sampler_overrides: dict) -> list[dict]:
+    """One row per value of the model's (single) attribute."""
+    (attribute, values), = model.attributes.items()
+    rows = []
+    for index, value in enumerate(values):
+        reference, _ = renders_of(attribute, index, 1000, seed=100 + index)
+        real, real_labels = renders_of(attribute, index, 4 * n, seed=200 + index)
+        samples = model.condition(**{attribute: value}).sample(n, seed=seed + index, **sampler_overrides)
+        score = realism(samples, real, reference, classifier.features)
+        pred = classifier.predict(samples)
+        others = {a: max_deviation(value_distribution(pred[a], vs), value_distribution(real_labels[a][:n], vs))
+                  for a, vs in classifier.config.attributes.items() if a != attribute}
+        rows.append({
+            "model": model.name, "attribute": attribute, "value": value, "n": n,
+            "fid": score.fid, "fid_floor": score.fid_floor, "fid_ratio": score.fid_ratio,
+            "hf_ratio": score.hf_ratio, "accuracy": float((pred[attribute] == index).float().mean()),
+            "coverage_gap": others, "samples": samples, "real": real[:n],
+        })
+        print(f"{model.name} {value}: FID ratio {score.fid_ratio:.1f} (FID {score.fid:.3g}, floor {score.fid_floor:.3g}),"
+              f" HF ratio {score.hf_ratio:.2f}, accuracy {rows[-1]['accuracy']:.3f},"
+              f" coverage gap {max(others.values()):.2f}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(BUNDLED), help="bundled names or model folders")
+    parser.add_argument("--n", type=int, default=64, help="samples per value")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--label", default="bundled", help="names the sheets and the JSON")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "realism")
+    parser.add_argument("--sheets", type=Path, default=None, help="where the contact sheets go (default: --out)")
+    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--recipe", type=Path, default=None,
+                        help="for run folders (cebm train --out): their recipe; an unfinished run is read from its checkpoint")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="sampler overrides, e.g. steps=200")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+    classifier = load_model("shapes-classifier").eval()
+    sheets = args.sheets or args.out
+    sheets.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    all_rows = []
+    for name in args.models:
+        model = (load_run(Path(name), args.recipe) if args.recipe else load_model(name)).eval()
+        rows = measure_model(model, classifier, args.n, args.seed, overrides)
+        sheet = contact_sheet([(r["samples"], r["real"]) for r in rows], per_row=8, scale=4)
+        save_image(to_pil(sheet), sheets / f"realism-{args.label}-{model.name}.png")
+        all_rows += rows
+    fid = [r["fid_ratio"] for r in all_rows]
+    hf = [r["hf_ratio"] for r in all_rows]
+    summary = {"fid_ratio_median": statistics.median(fid), "fid_ratio_worst": max(fid),
+               "hf_ratio_median": statistics.median(hf), "hf_ratio_worst": max(hf),
+               "accuracy_mean": statistics.mean(r["accuracy"] for r in all_rows),
+               "accuracy_worst": min(r["accuracy"] for r in all_rows),
+               "coverage_gap_worst": max(max(r["coverage_gap"].values()) for r in all_rows)}
+    print(json.dumps(summary, indent=1), flush=True)
+    keep = [{k: v for k, v in r.items() if k not in ("samples", "real")} for r in all_rows]
+    (args.out / f"realism-{args.label}.json").write_text(json.dumps({"summary": summary, "rows": keep}, indent=1))
+    if args.no_doc:
+        return
+    lines = [
+        "## Realism of each model's samples",
+        "",
+        f"`python -m benchmarks.realism --n {args.n}` on {machine()}. {args.n} samples per value with the model's",
+        "default settings against fresh renders of that value (the model's training split). FID ratio: FID in the",
+        "bundled classifier's penultimate features against 1000 renders, over the floor (as many other fresh",
+        "renders against the same reference, the mean of 4 such sets). HF ratio: mean |discrete Laplacian| of the samples over the renders'.",
+        "Coverage gap: the largest difference between the samples' and the renders' distribution of another",
+        "attribute, as the classifier reads them. Targets: median FID ratio <= 3, worst <= 6; HF ratio <= 1.5.",
+        "",
+        f"Median FID ratio **{summary['fid_ratio_median']:.1f}** (worst {summary['fid_ratio_worst']:.1f}); "
+        f"HF ratio median **{summary['hf_ratio_median']:.2f}** (worst {summary['hf_ratio_worst']:.2f}); "
+        f"accuracy mean {summary['accuracy_mean']:.3f} (worst {summary['accuracy_worst']:.3f}); "
+        f"worst coverage gap {summary['coverage_gap_worst']:.2f}.",
+        "",
+        "| model | value | FID ratio | FID / floor | HF ratio | accuracy | coverage gap (other attributes) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        *(f"| {r['model']} | {r['value']} | {r['fid_ratio']:.1f} | {r['fid']:.3g} / {r['fid_floor']:.3g} |"
+          f" {r['hf_ratio']:.2f} | {r['accuracy']:.3f} | "
+          + ", ".join(f"{a} {d:.2f}" for a, d in r["coverage_gap"].items()) + " |" for r in all_rows),
+        "",
+        "Samples (left, 8 per value) beside renders of the same value (right), 4x nearest-neighbour:",
+        "",
+        *(f"![{m}](images/realism-{args.label}-{m}.png)" for m in dict.fromkeys(r["model"] for r in all_rows)),
+    ]
+    write_section("realism", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The null condition (label dropout) and guided composition E_0 + sum_i w_i (E_i(x|c_i) - E_i(x|0))."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from composable_ebm import NULL, Guided, ResNetEnergy, Trainer, TrainerConfig, guided, shapes
+from composable_ebm.errors import InvalidInputError
+from composable_ebm.expression import parse_expression
+from composable_ebm.sampling import SamplerConfig
+from tests.conftest import tiny_config
+from tests.test_energy import randomize
+
+
+def model(name: str, attribute: str, values: tuple[str, ...], null: bool = True) -> ResNetEnergy:
+    return randomize(ResNetEnergy(tiny_config(name=name, attributes={attribute: values}, null_condition=null)))
+
+
+@pytest.fixture
+def color():
+    return model("color", "color", ("red", "green", "blue"))
+
+
+@pytest.fixture
+def shape():
+    return model("shape", "shape", ("circle", "square", "triangle"))
+
+
+def test_guided_energy_is_the_null_energy_plus_weighted_conditional_differences(color, shape):
+    x = torch.rand(5, 3, 8, 8)
+    null = torch.full((5,), NULL)
+    g = guided(color.condition(color="red") + shape.condition(shape="circle") - 0.5 * shape.condition(shape="square"))
+    e_null_color = color(x, {"color": null})
+    want = (
+        e_null_color
+        + (color(x, {"color": torch.zeros(5, dtype=torch.long)}) - e_null_color)
+        + (shape(x, {"shape": torch.zeros(5, dtype=torch.long)}) - shape(x, {"shape": null}))
+        - 0.5 * (shape(x, {"shape": torch.ones(5, dtype=torch.long)}) - shape(x, {"shape": null}))
+    )
+    torch.testing.assert_close(g(x), want, rtol=1e-5, atol=1e-6)
+    assert isinstance(g, Guided) and g.expression() == "guided(color[red] + shape[circle] - 0.5 * shape[square])"
+
+
+def test_an_unbound_model_is_its_unconditional_energy(color):
+    x = torch.rand(3, 3, 8, 8)
+    torch.testing.assert_close(color(x), color(x, {"color": torch.full((3,), NULL)}))
+
+
+def test_each_guided_term_is_one_network_call_on_a_doubled_batch(color, shape):
+    calls: list[int] = []
+    for m in (color, shape):
+        m.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[0]))
+    guided(color.condition(color="red") + shape.condition(shape="circle"))(torch.rand(4, 3, 8, 8))
+    assert calls == [8, 8]
+
+
+def test_a_model_without_a_null_condition_refuses_to_be_sampled_unbound_or_guided():
+    plain = model("color", "color", ("red", "green", "blue"), null=False)
+    with pytest.raises(InvalidInputError, match=r"without a null condition.*color\[color=\.\.\.\]"):
+        plain.sample(2, seed=0, steps=1)
+    with pytest.raises(ValueError, match="null condition"):
+        guided(plain.condition(color="red"))
+    with pytest.raises(InvalidInputError, match="null condition"):
+        parse_expression("guided(color[color=red])", lambda name: plain)
+    plain.condition(color="red").sample(2, seed=0, steps=1)  # bound: fine
+
+
+def test_guided_expression_parses_weights_and_negation(color, shape):
+    models = {"color": color, "shape": shape}
+    e = parse_expression("guided(color[color=blue] - 0.5 * shape[shape=square])", models.__getitem__)
+    assert isinstance(e, Guided) and e.weights == (1.0, -0.5)
+    assert e.expression() == "guided(color[blue] - 0.5 * shape[square])"
+    # guided composites sample like any energy
+    color.sampler_config = SamplerConfig(step_size=1.0, steps=2)
+    assert e.sample(2, seed=0).shape == (2, 3, 8, 8)
+
+
+def test_label_dropout_unbinds_that_fraction_of_positives_and_their_chains():
+    data = shapes(400, size=8, seed=0).select_attributes(["color"])
+    energy = ResNetEnergy(tiny_config(attributes=data.attributes, null_condition=True))
+    config = TrainerConfig(steps=1, batch_size=4000, label_dropout=0.1, sampler=SamplerConfig(step_size=1.0, steps=1))
+    trainer = Trainer(energy, data, config)
+    _, labels = trainer._positives(4000)
+    dropped = float((labels["color"] == NULL).float().mean())
+    assert 0.08 < dropped < 0.12
+    _, chain_labels = trainer._chain_starts(4000, labels)
+    assert torch.equal(chain_labels["color"], labels["color"])
