@@ -1,16 +1,27 @@
-"""Composition quality of the bundled Shapes models: conjunctions of 2-4 attributes, disjunction, negation.
+"""Composition of the bundled Shapes models over the whole space: every conjunction of 2, 3 and 4 attributes.
 
 Every sample is drawn the way a user draws it: ``energy.sample(n, seed=...)`` on the composite, with
 the settings the composite derives from its parts. The bundled attribute classifier reads the
-samples. Red circles (every size and position) are held out of every model's training split.
+samples; joint accuracy counts a sample right when every conditioned attribute is read right.
+Red circles (every size and position) are held out of every model's training split, so each
+composite naming both red and circle is a held-out combination.
 
-    python -m benchmarks.composition [--n 256] [--models composable_ebm/bundled]
+- 37 conjunctions of 2 attributes, 60 of 3, 36 of 4 (every choice of attributes and values), in
+  the plain form (``a + b``) and the guided form (``guided(a + b)``, :class:`composable_ebm.Guided`);
+- realism of the composites: FID ratio in the classifier's features against renders of the same
+  combination, and the high-frequency ratio (``benchmarks/realism.py`` explains both);
+- disjunction ``red | blue`` (balance), negation "blue and not square", temperature.
+
+    python -m benchmarks.composition                  # the whole table, 64 samples per composite, both forms
+    python -m benchmarks.composition --quick          # 16 samples per composite, for screening
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -18,106 +29,219 @@ import torch
 
 from benchmarks._report import machine, write_section
 from benchmarks._shapes import ROOT
-from composable_ebm import compositional_accuracy, save_image_grid
+from composable_ebm import compositional_accuracy, shapes
 from composable_ebm.data.datasets import SHAPES_ATTRIBUTES
 from composable_ebm.energy import value_index
+from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.expression import parse_expression
 from composable_ebm.hub import BUNDLED_DIR, load_model
+from composable_ebm.images import save_image, to_pil
 
-# (expression over short names, target, held out?)
-CONJUNCTIONS = [
-    ("color[color=blue] + shape[shape=square]", {"color": "blue", "shape": "square"}, False),
-    ("color[color=green] + shape[shape=triangle]", {"color": "green", "shape": "triangle"}, False),
-    ("shape[shape=circle] + size[size=large]", {"shape": "circle", "size": "large"}, False),
-    ("color[color=red] + shape[shape=circle]", {"color": "red", "shape": "circle"}, True),
-    ("color[color=blue] + shape[shape=square] + size[size=large]", {"color": "blue", "shape": "square", "size": "large"},
-     False),
-    ("color[color=green] + shape[shape=circle] + position[position=left]",
-     {"color": "green", "shape": "circle", "position": "left"}, False),
-    ("color[color=red] + shape[shape=circle] + size[size=large]", {"color": "red", "shape": "circle", "size": "large"},
-     True),
-    ("color[color=green] + shape[shape=triangle] + size[size=small] + position[position=left]",
-     {"color": "green", "shape": "triangle", "size": "small", "position": "left"}, False),
-    ("color[color=red] + shape[shape=circle] + size[size=large] + position[position=right]",
-     {"color": "red", "shape": "circle", "size": "large", "position": "right"}, True),
-]
+ATTRIBUTES = ("shape", "color", "size", "position")
+FORMS = ("plain", "guided")
+
+
+def conjunctions(arity: int) -> list[dict[str, str]]:
+    """Every target of ``arity`` attributes: each choice of attributes, each combination of their values."""
+    out = []
+    for attrs in itertools.combinations(ATTRIBUTES, arity):
+        for values in itertools.product(*(SHAPES_ATTRIBUTES[a] for a in attrs)):
+            out.append(dict(zip(attrs, values)))
+    return out
+
+
+def expression(target: dict[str, str], form: str) -> str:
+    text = " + ".join(f"{a}[{a}={v}]" for a, v in target.items())
+    return f"guided({text})" if form == "guided" else text
+
+
+def held_out(target: dict[str, str]) -> bool:
+    return target.get("color") == "red" and target.get("shape") == "circle"
+
+
+def renders(target: dict[str, str], n: int, seed: int) -> torch.Tensor:
+    """``n`` fresh renders of exactly this combination (the other attributes uniform)."""
+    pool = shapes(max(40 * n, 2000), 16, seed=seed, split="all")
+    keep = torch.ones(len(pool), dtype=torch.bool)
+    for a, v in target.items():
+        keep &= pool.labels[a] == value_index(SHAPES_ATTRIBUTES, a, v)
+    images = pool.images[keep]
+    if images.shape[0] < n:
+        raise RuntimeError(f"only {images.shape[0]} renders of {target}; raise the pool")
+    return images[:n]
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Mean and worst joint accuracy per arity, seen and held out apart, and the realism medians."""
+    out: dict = {}
+    for arity in (2, 3, 4):
+        for kind, held in (("seen", False), ("held_out", True)):
+            joint = [r["joint"] for r in rows if r["arity"] == arity and r["held_out"] == held]
+            if joint:
+                out[f"{arity}_{kind}"] = {"mean": statistics.mean(joint), "worst": min(joint), "count": len(joint)}
+        joint = [r["joint"] for r in rows if r["arity"] == arity]
+        out[f"{arity}_all"] = {"mean": statistics.mean(joint), "worst": min(joint), "count": len(joint)}
+    held = [r["joint"] for r in rows if r["held_out"]]
+    out["held_out_mean"] = statistics.mean(held)
+    out["worst"] = min(r["joint"] for r in rows)
+    out["fid_ratio_median"] = statistics.median(r["fid_ratio"] for r in rows)
+    out["fid_ratio_worst"] = max(r["fid_ratio"] for r in rows)
+    out["hf_ratio_median"] = statistics.median(r["hf_ratio"] for r in rows)
+    out["hf_ratio_worst"] = max(r["hf_ratio"] for r in rows)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=BUNDLED_DIR, help="folder holding shapes-<attribute> models")
-    parser.add_argument("--n", type=int, default=256, help="samples per combination")
+    parser.add_argument("--n", type=int, default=64, help="samples per composite")
+    parser.add_argument("--quick", action="store_true", help="16 samples per composite, no document")
+    parser.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
+    parser.add_argument("--arities", nargs="+", type=int, default=[2, 3, 4], choices=[2, 3, 4])
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "composition")
+    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md or docs/images")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    models = {a: load_model(args.models / f"shapes-{a}") for a in ("shape", "color", "size", "position")}
-    classifier = load_model(args.models / "shapes-classifier")
+    n = 16 if args.quick else args.n
+    write_doc = not (args.quick or args.no_doc)
+    models = {a: load_model(args.models / f"shapes-{a}") for a in ATTRIBUTES}
+    classifier = load_model(args.models / "shapes-classifier").eval()
+    args.out.mkdir(parents=True, exist_ok=True)
 
     def parse(text: str):
         return parse_expression(text, lambda name: models[name])
 
-    rows, results = [], []
+    targets = [t for arity in args.arities for t in conjunctions(arity)]
+    reference = {}
+    results: dict[str, list[dict]] = {}
+    sheets: dict[str, list] = {}
     t0 = time.perf_counter()
-    for i, (text, target, held) in enumerate(CONJUNCTIONS):
-        energy = parse(text)
-        samples = energy.sample(args.n, seed=i)
-        score = compositional_accuracy(samples, classifier, target)
-        per = ", ".join(f"{a} {v:.2f}" for a, v in score.per_attribute.items())
-        rows.append(f"| {len(target)} | `{text}` | {'held out' if held else 'seen'} | {per} | {score.joint:.3f} |")
-        print(rows[-1], flush=True)
-        results.append({"expression": text, "attributes": len(target), "held_out": held, "per_attribute":
-                        score.per_attribute, "joint": score.joint, "n": score.n})
-        if held and len(target) == 3:
-            save_image_grid(torch.nn.functional.interpolate(samples[:16], scale_factor=4), ROOT / "docs" / "images" /
-                            "red_large_circles.png", nrow=4)
-    # disjunction: either side, and the balance between the two
-    either = parse("color[color=red] | color[color=blue]").sample(args.n, seed=100)
-    pred = classifier.predict(either)["color"]
-    red, blue = (float((pred == value_index(SHAPES_ATTRIBUTES, "color", v)).float().mean()) for v in ("red", "blue"))
-    # negation relative to a base: blue objects that are not squares
-    base = parse("color[color=blue]").sample(args.n, seed=101)
-    negated = parse("color[color=blue] - 0.5 * shape[shape=square]").sample(args.n, seed=101)
-    square = value_index(SHAPES_ATTRIBUTES, "shape", "square")
-    square_base = float((classifier.predict(base)["shape"] == square).float().mean())
-    square_neg = float((classifier.predict(negated)["shape"] == square).float().mean())
-    blue_neg = float((classifier.predict(negated)["color"] == value_index(SHAPES_ATTRIBUTES, "color", "blue")).float().mean())
-    # a weight on the weaker model: the same green triangles with the shape model's energy counted three times
-    weighted_text = "color[color=green] + 3 * shape[shape=triangle]"
-    weighted = compositional_accuracy(parse(weighted_text).sample(args.n, seed=102), classifier,
-                                      {"color": "green", "shape": "triangle"})
+    for form in args.forms:
+        rows, sheet = [], []
+        for i, target in enumerate(targets):
+            text = expression(target, form)
+            samples = parse(text).sample(n, seed=i)
+            score = compositional_accuracy(samples, classifier, target)
+            key = json.dumps(target, sort_keys=True)
+            if key not in reference:
+                reference[key] = (renders(target, 500, seed=300 + i), renders(target, 4 * n, seed=400 + i))
+            ref, real = reference[key]
+            r = realism(samples, real, ref, classifier.features)
+            rows.append({"expression": text, "target": target, "arity": len(target), "held_out": held_out(target),
+                         "per_attribute": score.per_attribute, "joint": score.joint, "n": n,
+                         "fid_ratio": r.fid_ratio, "hf_ratio": r.hf_ratio})
+            print(f"{form} | {text} | {'held out' if held_out(target) else 'seen'} | joint {score.joint:.3f} |"
+                  f" FID ratio {r.fid_ratio:.1f} | HF ratio {r.hf_ratio:.2f}", flush=True)
+            if len(target) == 2:
+                sheet.append((samples, real))
+        results[form] = rows
+        sheets[form] = sheet
     seconds = time.perf_counter() - t0
-    out = ROOT / "runs" / "composition.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"conjunctions": results, "disjunction": {"red": red, "blue": blue},
-                               "negation": {"square_base": square_base, "square_negated": square_neg,
-                                            "blue_negated": blue_neg},
-                               "weighted": {"expression": weighted_text, "per_attribute": weighted.per_attribute,
-                                            "joint": weighted.joint}}, indent=2))
+    summaries = {form: summarise(rows) for form, rows in results.items()}
+    best = max(summaries, key=lambda f: (summaries[f]["2_all"]["mean"] + summaries[f]["3_all"]["mean"]
+                                         + summaries[f]["4_all"]["mean"]) if "4_all" in summaries[f] else 0)
+
+    # disjunction, negation and temperature on the colour and shape models
+    extra = {}
+    square = value_index(SHAPES_ATTRIBUTES, "shape", "square")
+    blue = value_index(SHAPES_ATTRIBUTES, "color", "blue")
+    pred = classifier.predict(parse("color[color=red] | color[color=blue]").sample(4 * n, seed=1000))["color"]
+    extra["disjunction"] = {c: float((pred == value_index(SHAPES_ATTRIBUTES, "color", c)).float().mean())
+                            for c in ("red", "blue")}
+    negations = {
+        "color[color=blue]": "blue alone",
+        "color[color=blue] - 0.5 * shape[shape=square]": "plain negation",
+        "guided(color[color=blue] - 0.5 * shape[shape=square])": "guided negation, weight 0.5",
+        "guided(color[color=blue] - 1 * shape[shape=square])": "guided negation, weight 1",
+        "guided(color[color=blue] - 2 * shape[shape=square])": "guided negation, weight 2",
+    }
+    extra["negation"] = {}
+    for text, label in negations.items():
+        p = classifier.predict(parse(text).sample(4 * n, seed=1001))
+        extra["negation"][text] = {"label": label, "square": float((p["shape"] == square).float().mean()),
+                                   "blue": float((p["color"] == blue).float().mean())}
+    extra["temperature"] = {}
+    for t in (0.5, 1.0, 2.0):
+        text = f"shape[shape=circle] / {t}"
+        s = parse(text).sample(4 * n, seed=1002)
+        extra["temperature"][str(t)] = {"pixel_std": float(s.std(dim=0).mean()),
+                                        "circle": float((classifier.predict(s)["shape"] == 0).float().mean())}
+    print(json.dumps({"summaries": summaries, **extra}, indent=1), flush=True)
+    (args.out / ("composition-quick.json" if args.quick else "composition.json")).write_text(
+        json.dumps({"n": n, "seconds": seconds, "summaries": summaries, "rows": results, **extra}, indent=1))
+    for form, sheet in sheets.items():
+        if sheet:
+            image = to_pil(contact_sheet(sheet, per_row=6, scale=3))
+            save_image(image, args.out / f"composition-pairs-{form}.png")
+            if write_doc:
+                save_image(image, ROOT / "docs" / "images" / f"composition-pairs-{form}.png")
+    if not write_doc:
+        return
+
+    def headline(s: dict) -> list[str]:
+        return [f"| {a} | {s[f'{a}_all']['count']} | {s[f'{a}_all']['mean']:.3f} | {s[f'{a}_all']['worst']:.3f} |"
+                f" {s[f'{a}_seen']['mean']:.3f} / {s[f'{a}_seen']['worst']:.3f} |"
+                f" {s[f'{a}_held_out']['mean']:.3f} / {s[f'{a}_held_out']['worst']:.3f} |" for a in args.arities]
+
     lines = [
-        "## Composition of the bundled Shapes models",
+        "## Composition of the bundled Shapes models: the whole table",
         "",
-        f"`python -m benchmarks.composition --n {args.n}` on {machine()} ({seconds / 60:.1f} min of sampling).",
-        f"{args.n} samples per row, each composite's default settings (`energy.sample(n)`), read by the bundled",
-        "classifier. Model names are short: `color` is `shapes-color`, and so on. Red circles of every size and",
-        "position are held out of every model's training split; but the shape, size and position models' positives",
-        "were augmented with RGB channel permutations, which draw red circles from green and blue ones, so",
-        "\"held out\" rows are held out of the data, not of those three models' augmented positives (the colour",
-        "model's augmentations cannot draw a red circle).",
+        f"`python -m benchmarks.composition --n {n}` on {machine()} ({seconds / 60:.1f} min of sampling).",
+        f"{n} samples per composite, each composite's default settings (`energy.sample(n)`), read by the bundled",
+        "classifier. Every conjunction of 2, 3 and 4 attributes (37, 60 and 36 composites); model names are short",
+        "(`color` is `shapes-color`). Red circles of every size and position are held out of every model's training",
+        "split, and no model's augmentations can draw one. Joint: every conditioned attribute read right at once.",
+        "Targets: mean joint >= 0.95 / 0.92 / 0.90 for 2 / 3 / 4 attributes, worst composite >= 0.75, held-out mean",
+        ">= 0.85, composites' median FID ratio <= 4.",
         "",
-        "| attributes | expression | combination | per-attribute accuracy | joint accuracy |",
-        "| --- | --- | --- | --- | --- |",
-        *rows,
-        "",
-        f"Disjunction `color[color=red] | color[color=blue]`: {red + blue:.3f} of samples are red or blue"
-        f" (red {red:.3f}, blue {blue:.3f}).",
-        f"Negation `color[color=blue] - 0.5 * shape[shape=square]`: squares in {square_neg:.3f} of samples against"
-        f" {square_base:.3f} for `color[color=blue]` alone; blue in {blue_neg:.3f}.",
-        f"Weights: `{weighted_text}` reads green {weighted.per_attribute['color']:.3f}, triangle"
-        f" {weighted.per_attribute['shape']:.3f}, joint {weighted.joint:.3f} (the unweighted sum is in the table).",
-        "",
-        "![red + circle + large, 16 samples](images/red_large_circles.png)",
     ]
+    for form, s in summaries.items():
+        lines += [
+            f"**{form} form** (`{expression({'color': 'red', 'shape': 'circle'}, form)}`): worst composite"
+            f" {s['worst']:.3f}, held-out mean {s['held_out_mean']:.3f}; composites' FID ratio median"
+            f" {s['fid_ratio_median']:.1f} (worst {s['fid_ratio_worst']:.1f}), HF ratio median {s['hf_ratio_median']:.2f}"
+            f" (worst {s['hf_ratio_worst']:.2f}).",
+            "",
+            "| attributes | composites | mean joint | worst | seen: mean / worst | held out: mean / worst |",
+            "| --- | --- | --- | --- | --- | --- |",
+            *headline(s),
+            "",
+        ]
+    lines += [
+        f"The {best} form scores higher on the mean over arities; `cebm compose` and `.sample` sample what the",
+        "expression says (`a + b` is the plain form, `guided(a + b)` the guided one).",
+        "",
+        f"Disjunction `color[color=red] | color[color=blue]`: red {extra['disjunction']['red']:.3f}, blue"
+        f" {extra['disjunction']['blue']:.3f} ({4 * n} samples).",
+        "",
+        "Negation, \"blue and not square\" (" + f"{4 * n} samples):",
+        "",
+        "| expression | form | squares | blue |",
+        "| --- | --- | --- | --- |",
+        *(f"| `{t}` | {v['label']} | {v['square']:.3f} | {v['blue']:.3f} |" for t, v in extra["negation"].items()),
+        "",
+        "Temperature `shape[shape=circle] / T` (" + f"{4 * n} samples): per-pixel standard deviation across samples "
+        + ", ".join(f"T={t}: {v['pixel_std']:.3f} (circles {v['circle']:.3f})" for t, v in extra["temperature"].items())
+        + ".",
+        "",
+        "Every 2-attribute composite, 6 samples each (left) beside renders of that combination (right), plain form",
+        "then guided form, 3x nearest-neighbour:",
+        "",
+        *(f"![2-attribute composites, {form} form](images/composition-pairs-{form}.png)" for form in args.forms),
+        "",
+        "Per composite (joint accuracy, FID ratio, HF ratio):",
+        "",
+        "| expression | combination | " + " | ".join(f"{f} joint / FID / HF" for f in results) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in results) + " |",
+    ]
+    forms = list(results)
+    for i, target in enumerate(targets):
+        cells = [f"{results[f][i]['joint']:.2f} / {results[f][i]['fid_ratio']:.1f} / {results[f][i]['hf_ratio']:.2f}"
+                 for f in forms]
+        lines.append(f"| `{expression(target, 'plain')}` | {'held out' if held_out(target) else 'seen'} | "
+                     + " | ".join(cells) + " |")
     write_section("composition", "\n".join(lines))
 
 

@@ -127,6 +127,8 @@ PrecisionOpt = Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (
 MethodOpt = Annotated[Optional[str], typer.Option(help="langevin or mala (default: the model's).")]
 NoiseOpt = Annotated[Optional[str], typer.Option(help="Noise std per step, or 'exact' for sqrt(2 * step size).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
+ScaleOpt = Annotated[Optional[int], typer.Option(
+    min=1, max=64, help="Upscale each image this many times, nearest neighbour (default: to at least 64 pixels).")]
 
 
 @app.command()
@@ -211,6 +213,7 @@ def sample(
     method: MethodOpt = None,
     noise: NoiseOpt = None,
     device: DeviceOpt = None,
+    scale: ScaleOpt = None,
 ) -> None:
     """Sample one model (optionally conditioned) into an image grid.
 
@@ -223,7 +226,8 @@ def sample(
     bindings = _parse_bindings(condition)
     if bindings:
         energy = energy.condition(**bindings)
-    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise))
+    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise),
+                     scale)
 
 
 @app.command()
@@ -240,6 +244,7 @@ def compose(
     method: MethodOpt = None,
     noise: NoiseOpt = None,
     device: DeviceOpt = None,
+    scale: ScaleOpt = None,
 ) -> None:
     """Compose models with the energy algebra (+, -, *, /, |, \\[attr=value]) and sample an image grid.
 
@@ -248,7 +253,8 @@ def compose(
     _check_outputs(n, output, chain)
     energy = _load_expression(expression, _device(device))
     typer.echo(f"sampling {energy.expression()}")
-    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise))
+    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise),
+                     scale)
 
 
 def _check_outputs(n: int, output: Path, chain: Path | None) -> None:
@@ -270,7 +276,8 @@ def _load_expression(expression: str, device: torch.device):
     return parse_expression(expression, lambda name: load_model(name, device))
 
 
-def _sample_to_files(energy, n: int, seed: int, output: Path, chain: Path | None, overrides: dict) -> None:
+def _sample_to_files(energy, n: int, seed: int, output: Path, chain: Path | None, overrides: dict,
+                     scale: int | None = None) -> None:
     from composable_ebm.images import save_chain_strip, save_image_grid, save_scatter
     from composable_ebm.sampling import sample as run_sampler
 
@@ -281,7 +288,7 @@ def _sample_to_files(energy, n: int, seed: int, output: Path, chain: Path | None
     keep = max(1, total // 10) if chain is not None and total else (4 if chain is not None else 0)
     result = run_sampler(energy, n, seed=seed, progress=True, keep_every=keep, **overrides)
     if images:
-        save_image_grid(result.samples, output)
+        save_image_grid(result.samples, output, scale=scale)
     elif energy.input_shape == (2,):
         save_scatter(result.samples, output, energy.value_range)
     else:

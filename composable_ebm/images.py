@@ -26,13 +26,32 @@ def to_pil(grid: Tensor) -> Image.Image:
     return Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
 
 
-def image_grid(images: Tensor, nrow: int | None = None, padding: int = 2) -> Image.Image:
-    """A grid of a batch ``(B, C, H, W)`` in ``[0, 1]``, ``nrow`` images per row (default: square)."""
+MIN_SHOWN_SIDE = 64
+"""Grids show every image at least this many pixels wide by default (small images are upscaled)."""
+
+
+def default_scale(side: int) -> int:
+    """The nearest-neighbour upscaling that shows an image of ``side`` pixels at >= ``MIN_SHOWN_SIDE``."""
+    return max(1, -(-MIN_SHOWN_SIDE // max(int(side), 1)))
+
+
+def image_grid(images: Tensor, nrow: int | None = None, padding: int = 2, scale: int | None = None) -> Image.Image:
+    """A grid of a batch ``(B, C, H, W)`` in ``[0, 1]``, ``nrow`` images per row (default: square).
+
+    Every image is upscaled ``scale`` times with nearest neighbour, so each pixel stays a crisp block
+    (default: :func:`default_scale`, a 16-pixel image shown 64 pixels wide); ``scale=1`` keeps the size.
+    """
     if images.ndim != 4:
         raise ValueError(f"expected a batch of images (B, C, H, W), got shape {tuple(images.shape)}")
+    scale = default_scale(images.shape[-1]) if scale is None else scale
+    if isinstance(scale, bool) or not isinstance(scale, int) or not 1 <= scale <= 64:
+        raise InvalidInputError(f"scale must be a whole number from 1 to 64, got {scale!r}")
     if nrow is None:
         nrow = max(1, int(round(images.shape[0] ** 0.5)))
-    grid = make_grid(images.detach().float().cpu().clamp(0, 1), nrow=nrow, padding=padding, pad_value=1.0)
+    x = images.detach().float().cpu().clamp(0, 1)
+    if scale > 1:
+        x = x.repeat_interleave(scale, dim=-2).repeat_interleave(scale, dim=-1)
+    grid = make_grid(x, nrow=nrow, padding=padding, pad_value=1.0)
     return to_pil(grid if images.shape[1] == 3 else grid[:1])
 
 
@@ -65,9 +84,9 @@ def save_image(image: Image.Image, path: str | Path) -> Path:
     return write_atomic(path, lambda tmp: (image.convert("RGB") if fmt == "JPEG" else image).save(tmp, format=fmt))
 
 
-def save_image_grid(images: Tensor, path: str | Path, nrow: int | None = None) -> Path:
-    """Write a batch of images as one grid (PNG, JPEG or WebP, by the suffix)."""
-    return save_image(image_grid(images, nrow), path)
+def save_image_grid(images: Tensor, path: str | Path, nrow: int | None = None, scale: int | None = None) -> Path:
+    """Write a batch of images as one grid (PNG, JPEG or WebP, by the suffix), upscaled as :func:`image_grid`."""
+    return save_image(image_grid(images, nrow, scale=scale), path)
 
 
 def save_chain_strip(chain: Tensor, path: str | Path, max_chains: int = 8) -> Path:

@@ -29,9 +29,10 @@ def _seed():
 
 @pytest.fixture
 def color_model() -> ResNetEnergy:
-    return ResNetEnergy(tiny_config(name="color", attributes={"color": ("red", "green", "blue")}))
+    return ResNetEnergy(tiny_config(name="color", attributes={"color": ("red", "green", "blue")}, null_condition=True))
 
 
 @pytest.fixture
 def shape_model() -> ResNetEnergy:
-    return ResNetEnergy(tiny_config(name="shape", attributes={"shape": ("circle", "square", "triangle")}))
+    return ResNetEnergy(tiny_config(name="shape", attributes={"shape": ("circle", "square", "triangle")},
+                                    null_condition=True))

@@ -34,6 +34,7 @@ size = 8
 [trainer]
 steps = 4
 batch_size = 8
+label_dropout = 0.1
 buffer_size = 64
 ent_bank = 8
 ent_min_buffer = 8
@@ -93,11 +94,15 @@ def test_sample_and_compose_write_grids(trained, tmp_path):
     invoke("sample", trained / "color" / "model", "-n", "4", "-c", "color=red", "-o", tmp_path / "s.png",
            "--chain", tmp_path / "chain.png", "--seed", "1")
     with Image.open(tmp_path / "s.png") as im:
-        assert im.size == (2 * 8 + 3 * 2, 2 * 8 + 3 * 2)
+        assert im.size == (2 * 64 + 3 * 2, 2 * 64 + 3 * 2)  # 8-pixel images shown 64 pixels wide by default
     assert (tmp_path / "chain.png").is_file()
     expr = f"{trained / 'color' / 'model'}[color=red] + 2*{trained / 'shape' / 'model'}[shape=circle]"
-    result = invoke("compose", expr, "-n", "4", "-o", tmp_path / "c.png", "--steps", "2")
+    result = invoke("compose", expr, "-n", "4", "-o", tmp_path / "c.png", "--steps", "2", "--scale", "3")
     assert "(color[red] + 2.0 * shape[circle])" in result.output
+    with Image.open(tmp_path / "c.png") as im:
+        assert im.size == (2 * 24 + 3 * 2, 2 * 24 + 3 * 2)
+    bad = runner.invoke(app, ["compose", expr, "--scale", "0", "-o", str(tmp_path / "z.png")])
+    assert bad.exit_code == 2 and "--scale" in bad.output
     assert (tmp_path / "c.png").is_file()
 
 
@@ -221,7 +226,8 @@ def test_eval_fid_between_image_folders_with_a_classifiers_features(tmp_path):
         result = runner.invoke(app, ["eval", "fid", str(tmp_path / "real"), str(tmp_path / other),
                                      "--features", "shapes-classifier"])
         assert result.exit_code == 0, result.output
-        out = json.loads(result.output.strip().splitlines()[-1])
+        # the JSON line (a progress bar on stderr may interleave with it under load)
+        out = json.loads(next(line for line in reversed(result.output.splitlines()) if line.startswith('{"fid"')))
         assert out["real"] == out["fake"] == 64
         scores[other] = out["fid"]
     assert 0 <= scores["same"] < scores["noise"] / 5, scores  # fresh Shapes are close, noise is far

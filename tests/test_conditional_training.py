@@ -308,4 +308,4 @@ def test_a_fresh_run_never_rolls_back_into_an_older_runs_checkpoint(tmp_path):
 def test_resnet_model_of_a_shapes_recipe_builds():
     """The recipes' 16x16 single-tower network runs on 16x16 Shapes."""
     model = ResNetEnergy(tiny_config(image_size=16, attributes={"shape": ("circle", "square", "triangle")}))
-    assert model(torch.rand(2, 3, 16, 16)).shape == (2,)
+    assert model(torch.rand(2, 3, 16, 16), {"shape": torch.tensor([0, 2])}).shape == (2,)

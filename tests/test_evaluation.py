@@ -148,8 +148,13 @@ def test_training_health_plot_and_image_grid_are_written(tmp_path):
     out = plot_training_health(tmp_path, tmp_path / "health.png")
     with Image.open(out) as im:
         assert im.size[0] > 300 and im.size[1] > 300
-    grid = save_image_grid(shapes(16, 8, seed=0).images, tmp_path / "grid.png", nrow=4)
-    with Image.open(grid) as im:
+    images = shapes(16, 8, seed=0).images
+    grid = save_image_grid(images, tmp_path / "grid.png", nrow=4)
+    with Image.open(grid) as im:  # 8-pixel images upscaled 8 times by default, each pixel a block
+        assert im.size == (4 * 64 + 5 * 2, 4 * 64 + 5 * 2)
+        block = torch.tensor(list(im.crop((2, 2, 2 + 64, 2 + 64)).getdata())).view(8, 8, 8, 8, 3)
+        assert bool((block == block[:, :1, :, :1]).all())  # nearest neighbour: constant within each block
+    with Image.open(save_image_grid(images, tmp_path / "grid1.png", nrow=4, scale=1)) as im:
         assert im.size == (4 * 8 + 5 * 2, 4 * 8 + 5 * 2)
     with pytest.raises(ValueError, match="no training records"):
         (tmp_path / "empty").mkdir()
@@ -158,7 +163,7 @@ def test_training_health_plot_and_image_grid_are_written(tmp_path):
 
 
 def test_energy_models_round_trip_with_their_sampler_settings(tmp_path):
-    model = ResNetEnergy(tiny_config(name="color", attributes={"color": ("red", "green")}))
+    model = ResNetEnergy(tiny_config(name="color", attributes={"color": ("red", "green")}, null_condition=True))
     model.sampler_config = SamplerConfig(step_size=7.0, steps=9, augment=AugmentConfig(crop_scale=(0.3, 1.0)))
     save_model(model, tmp_path / "m")
     loaded = load_model(tmp_path / "m")

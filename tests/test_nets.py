@@ -16,7 +16,8 @@ from tests.test_energy import randomize
 NETWORK_CONFIGS = {
     "resnet-multiscale": tiny_config(),
     "resnet-single": tiny_config(multiscale=False),
-    "resnet-conditional": tiny_config(attributes={"color": ("red", "green"), "size": ("small", "large")}),
+    "resnet-conditional": tiny_config(attributes={"color": ("red", "green"), "size": ("small", "large")},
+                                      null_condition=True),
     "resnet-spectral": tiny_config(spectral_norm=True),
     "resnet-instance-ws": tiny_config(norm="instance", weight_standardization=True),
     "resnet-no-norm-gray": tiny_config(norm="none", in_channels=1),

@@ -177,7 +177,7 @@ def test_result_has_chain_and_diagnostics_of_the_documented_shapes(image_energy,
     assert no_chain.chain is None and torch.equal(no_chain.samples, result.samples)
     path = save_chain_strip(result.chain, tmp_path / "chain.png")
     with Image.open(path) as im:
-        assert im.size == (3 * 8 + 4 * 2, 3 * 8 + 4 * 2)  # 3 states across, 3 chains down
+        assert im.size == (3 * 64 + 4 * 2, 3 * 64 + 4 * 2)  # 3 states across, 3 chains down, 8 px shown at 64
 
 
 def test_callback_sees_every_step(image_energy):
