@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from composable_ebm import Energy, MLPConfig, MLPEnergy, ResNetEnergy, shapes
 from composable_ebm.cli import app
 from composable_ebm.evaluation import AttributeClassifier, ClassifierConfig, train_classifier
-from composable_ebm.recipes import load_recipe
+from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment
 from composable_ebm.training import Trainer, TrainerConfig, label_loss, other_values
 from tests.conftest import tiny_config
@@ -197,6 +197,29 @@ def test_recipe_augmentations_leave_the_models_attribute_unchanged(attribute, sh
         read = shapes_classifier.predict(out)[attribute]
         agree = float((read == truth).float().mean())
         assert agree > 0.97, f"{where} augmentation of shapes-{attribute} changes {attribute}: {agree:.3f} kept"
+
+
+@pytest.mark.parametrize("attribute", sorted(ATTRIBUTE_RECIPES))
+def test_no_training_positive_or_chain_start_is_a_held_out_combination(attribute, shapes_classifier):
+    """Clean zero-shot: 40 batches of 256 positives drawn by the recipe's own trainer (augmented as in
+    training) hold no red circle as the classifier reads them, and every chain starts from noise
+    (so no augmentation of a buffer sample can draw one either)."""
+    recipe = load_recipe(ATTRIBUTE_RECIPES[attribute])
+    assert recipe.data.holdout == ({"color": "red", "shape": "circle"},)
+    assert recipe.trainer.reinit_prob == 1.0 and recipe.trainer.chain_augment is None
+    data = build_dataset(recipe.data)
+    trainer = Trainer(build_model(recipe, data), data, recipe.trainer)
+    red, circle = 0, 0
+    for _ in range(40):
+        x, _ = trainer._positives(256)
+        read = shapes_classifier.predict(x)
+        red_circles = (read["color"] == red) & (read["shape"] == circle)
+        assert not bool(red_circles.any()), f"shapes-{attribute}'s positives draw {int(red_circles.sum())} red circles"
+    # the check can fail: the same positives under an RGB channel permutation do draw red circles
+    permuted = augment(x, AugmentConfig(color_prob=0.0, grayscale_prob=0.0, channel_permute_prob=1.0, flip_prob=0.0,
+                                        crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0)), torch.Generator().manual_seed(0))
+    read = shapes_classifier.predict(permuted)
+    assert bool(((read["color"] == red) & (read["shape"] == circle)).any())
 
 
 def test_a_colour_jitter_would_be_caught(shapes_classifier):

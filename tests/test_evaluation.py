@@ -181,3 +181,29 @@ def test_energy_models_round_trip_with_their_sampler_settings(tmp_path):
     mlp = MLPEnergy(MLPConfig())
     save_model(mlp, tmp_path / "mlp")
     assert load_model(tmp_path / "mlp").sampler_config is None
+
+
+def test_realism_scores_fresh_renders_near_the_floor_and_noise_far_above_it():
+    """FID ratio ~1 and HF ratio ~1 for real images; speckled images score far higher on both."""
+    from composable_ebm.evaluation.realism import contact_sheet, high_frequency_energy, realism
+    from composable_ebm.hub import load_model
+
+    classifier = load_model("shapes-classifier").eval()
+    reference = shapes(400, 16, seed=10, split="all").images
+    real = shapes(4 * 64, 16, seed=11, split="all").images
+    fresh = shapes(64, 16, seed=12, split="all").images
+    same = realism(fresh, real, reference, classifier.features)
+    assert 0.3 < same.fid_ratio < 3.0 and 0.8 < same.hf_ratio < 1.25
+    speckled = (fresh.float() / 255 if fresh.dtype == torch.uint8 else fresh) + 0.15 * torch.randn(fresh.shape)
+    noisy = realism(speckled.clamp(0, 1), real, reference, classifier.features)
+    # the classifier's features barely see pixel noise (so the HF ratio is measured beside FID) ...
+    assert noisy.fid_ratio > same.fid_ratio and noisy.hf_ratio > 3
+    # ... but they see content: 64 images of one colour against renders of every colour
+    green = shapes(2000, 16, seed=13, split="all")
+    one_colour = green.images[green.labels["color"] == 1][:64]
+    assert realism(one_colour, real, reference, classifier.features).fid_ratio > 5 * same.fid_ratio
+    assert float(high_frequency_energy(torch.full((2, 3, 8, 8), 0.4)).abs().max()) == 0.0
+    with pytest.raises(ValueError, match="whole multiple"):
+        realism(fresh, real[:100], reference, classifier.features)
+    sheet = contact_sheet([(fresh, real), (fresh, real)], per_row=4, scale=2)
+    assert sheet.shape[0] == 3 and sheet.shape[1] == 2 * 2 * 17 and sheet.min() >= 0 and sheet.max() <= 1

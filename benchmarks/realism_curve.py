@@ -1,0 +1,96 @@
+"""Realism against training time: one point per saved checkpoint of a run.
+
+``--watch`` runs beside ``cebm train``: every time the run writes ``checkpoint.pt`` it keeps the
+EMA weights as ``RUN/snapshots/ema-<step>.safetensors`` (the trainer overwrites its checkpoint).
+Without ``--watch`` it measures every snapshot (``--n`` samples per value, as ``benchmarks/realism.py``)
+and prints one row per step with the run's logged training time.
+
+    python -m benchmarks.realism_curve --run runs/shapes/shape --watch &
+    python -m benchmarks.realism_curve --run runs/shapes/shape --recipe recipes/shapes-shape.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from benchmarks._shapes import ROOT
+from benchmarks.realism import measure_model
+from composable_ebm.hub import load_model
+from composable_ebm.recipes import build_dataset, build_model, load_recipe
+from composable_ebm.training import load_checkpoint, read_log
+
+
+def watch(run: Path, poll: float) -> None:
+    """Keep each new checkpoint's EMA weights until the run's model folder appears."""
+    (run / "snapshots").mkdir(parents=True, exist_ok=True)
+    seen = None
+    while True:
+        path = run / "checkpoint.pt"
+        if path.is_file() and path.stat().st_mtime != seen:
+            seen = path.stat().st_mtime
+            state = load_checkpoint(path)  # written atomically (temporary file + rename), never half
+            out = run / "snapshots" / f"ema-{int(state['step']):06d}.safetensors"
+            save_file({k: v.contiguous() for k, v in state["ema"].items()}, out)
+            print(f"kept {out}", flush=True)
+        if (run / "model" / "config.json").is_file():
+            return
+        time.sleep(poll)
+
+
+def seconds_at(run: Path) -> dict[int, float]:
+    """Cumulative training seconds at each logged step (from the run's log)."""
+    total, out = 0.0, {}
+    last = 0
+    for record in read_log(run / "log.jsonl"):
+        if "seconds" in record and "step" in record:
+            total += record["seconds"] * (record["step"] - last)  # the logged step's time stands for the interval
+            last = record["step"]
+            out[record["step"]] = total
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, required=True)
+    parser.add_argument("--recipe", type=Path, default=None)
+    parser.add_argument("--watch", action="store_true")
+    parser.add_argument("--poll", type=float, default=15.0)
+    parser.add_argument("--n", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.watch:
+        watch(args.run, args.poll)
+        return
+    spec = load_recipe(args.recipe)
+    model = build_model(spec, build_dataset(spec.data)).eval()
+    classifier = load_model("shapes-classifier").eval()
+    clock = seconds_at(args.run)
+    points = []
+    for snap in sorted((args.run / "snapshots").glob("ema-*.safetensors")):
+        step = int(snap.stem.split("-")[1])
+        if step == 0:
+            continue
+        model.load_state_dict(load_file(snap), strict=True)
+        rows = measure_model(model, classifier, args.n, seed=0, sampler_overrides={})
+        point = {"step": step, "minutes": clock.get(step, float("nan")) / 60,
+                 "fid_ratio_median": statistics.median(r["fid_ratio"] for r in rows),
+                 "hf_ratio_median": statistics.median(r["hf_ratio"] for r in rows),
+                 "accuracy_mean": statistics.mean(r["accuracy"] for r in rows)}
+        points.append(point)
+        print(json.dumps(point), flush=True)
+    out = ROOT / "runs" / "realism" / f"curve-{args.run.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(points, indent=1))
+
+
+if __name__ == "__main__":
+    main()
