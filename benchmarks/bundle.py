@@ -3,11 +3,11 @@ their measured quality.
 
     python -m benchmarks.bundle --runs runs/shapes [--device "2-core CPU"]
 
-Reads ``RUNS/<attribute>/model`` (from ``cebm train``), ``RUNS/conditional-after.json`` (from
-``benchmarks.conditional``) and ``runs/composition.json`` (from ``benchmarks.composition``, when it
-exists), ``runs/ablations.json`` (from ``benchmarks.ablations``, when it exists) and the classifier
-from ``runs/shapes-classifier``. Writes each model's card into its
-folder (``README.md``) and into ``model_cards/``.
+Reads ``RUNS/<attribute>/model`` (from ``cebm train``), ``runs/realism/realism-<label>.json`` (from
+``benchmarks.realism``), ``runs/composition/composition.json`` (from ``benchmarks.composition``, when it
+exists) and ``runs/realism/curve-<attribute>.json`` (from ``benchmarks.realism_curve``, when it exists).
+Writes each model's card into its folder (``README.md``) and into ``model_cards/``. The bundled
+classifier is left as it is.
 """
 
 from __future__ import annotations
@@ -37,48 +37,50 @@ def _training_minutes(run: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "shapes")
+    parser.add_argument("--realism", type=Path, default=ROOT / "runs" / "realism" / "realism-bundled.json")
     parser.add_argument("--device", default=f"{platform.machine()} CPU, {torch.get_num_threads()} threads")
     args = parser.parse_args()
-    conditional = json.loads((args.runs / "conditional-after.json").read_text())
-    composition_path = ROOT / "runs" / "composition.json"
+    realism = json.loads(args.realism.read_text())["rows"]
+    composition_path = ROOT / "runs" / "composition" / "composition.json"
     composition = json.loads(composition_path.read_text()) if composition_path.is_file() else None
-    ablations_path = ROOT / "runs" / "ablations.json"
-    ablations = json.loads(ablations_path.read_text()) if ablations_path.is_file() else None
     for attribute in ATTRIBUTES:
         run = args.runs / attribute
         model = load_model(run / "model")
         recipe = ROOT / "recipes" / f"shapes-{attribute}.toml"
-        result = conditional["results"][attribute]
-        quality = ["## Measured quality", "", "`python -m benchmarks.conditional` (256 samples per value, default"
-                   " sampler settings, read by `shapes-classifier`):", "",
-                   "| value | accuracy | largest coverage gap (other attributes) | held-out energy gap |",
-                   "| --- | --- | --- | --- |"]
-        for value, r in result["values"].items():
-            gap = result["gaps"].get(value)
-            quality.append(f"| {value} | {r['accuracy']:.3f} | {max(r['coverage_deviation'].values()):.2f} | "
-                           f"{'' if gap is None else format(gap['gap'], '+.2f')} |")
+        rows = [r for r in realism if r["attribute"] == attribute]
+        quality = ["## Measured quality", "", "`python -m benchmarks.realism` (64 samples per value with the default"
+                   " sampler settings, against fresh renders of that value; read by `shapes-classifier`). FID ratio:"
+                   " FID in the classifier's features over the floor of as many fresh renders (1 = as close as real"
+                   " images); HF ratio: high-frequency energy over the renders'.", "",
+                   "| value | accuracy | FID ratio | HF ratio | largest coverage gap (other attributes) |",
+                   "| --- | --- | --- | --- | --- |"]
+        quality += [f"| {r['value']} | {r['accuracy']:.3f} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |"
+                    f" {max(r['coverage_gap'].values()):.2f} |" for r in rows]
+        curve_path = ROOT / "runs" / "realism" / f"curve-{attribute}.json"
+        if curve_path.is_file():
+            quality += ["", "Against training time (`python -m benchmarks.realism_curve`, one point per checkpoint):", "",
+                        "| step | minutes | median FID ratio | median HF ratio | mean accuracy |",
+                        "| --- | --- | --- | --- | --- |"]
+            quality += [f"| {p['step']} | {p['minutes']:.0f} | {p['fid_ratio_median']:.1f} | {p['hf_ratio_median']:.2f} |"
+                        f" {p['accuracy_mean']:.3f} |" for p in json.loads(curve_path.read_text())]
         if composition is not None:
-            rows = [c for c in composition["conjunctions"] if attribute in c["expression"]]
-            quality += ["", "Composed with the other bundled models (`python -m benchmarks.composition`):", "",
-                        "| expression | combination | joint accuracy |", "| --- | --- | --- |"]
-            quality += [f"| `{c['expression']}` | {'held out' if c['held_out'] else 'seen'} | {c['joint']:.3f} |"
-                        for c in rows]
-        if attribute == "shape" and ablations is not None:
-            quality += ["", "Ablations at the same budget (`python -m benchmarks.ablations`; alone: samples read as"
-                        " the value asked for; composed: joint accuracy):", "",
-                        "| shape model | circle | square | triangle | " + " | ".join(
-                            f"`{t}`" for t in next(iter(ablations.values()))["composed"]) + " |",
-                        "| --- " * (4 + len(next(iter(ablations.values()))["composed"])) + "|"]
-            quality += [f"| {label} | " + " | ".join(f"{v:.3f}" for v in r["alone"].values()) + " | "
-                        + " | ".join(f"{v:.3f}" for v in r["composed"].values()) + " |"
-                        for label, r in ablations.items()]
+            for form, summary in composition["summaries"].items():
+                quality += ["", f"Every conjunction with the other bundled models that names this model's attribute"
+                            f" (`python -m benchmarks.composition`, {form} form, {composition['n']} samples each):", ""]
+                picked = [c for c in composition["rows"][form] if attribute in c["target"]]
+                for arity in (2, 3, 4):
+                    joint = [c["joint"] for c in picked if c["arity"] == arity]
+                    if joint:
+                        quality.append(f"- {arity} attributes: {len(joint)} composites, mean joint accuracy"
+                                       f" {sum(joint) / len(joint):.3f}, worst {min(joint):.3f}")
         notes = "\n".join([
             "## Data and limitations", "",
             "Trained on the procedural Shapes dataset (16x16, `composable_ebm.shapes`, training split) with every red"
-            " circle held out. See the recipe's comments for which augmentations its positives had: channel"
-            " permutations (shape, size and position models) can draw a red circle from a green or blue one.",
+            " circle held out; no augmentation of its positives can draw one (flips at most), and every training"
+            " chain starts from noise. Trained with label dropout 0.1, so the unbound model is its unconditional"
+            " energy (`guided(...)` composition uses it).",
             f"Trained on {args.device} in about {_training_minutes(run):.0f} minutes (from the logged step times),"
-            " one thread, sharing the machine's two cores with other training runs and benchmarks. Small, briefly"
+            " one thread, sharing the machine's two cores with another training run. Small, briefly"
             " trained models: check the accuracies below before relying on a combination.",
             "", "## Reproduce", "", "```bash", f"cebm train recipes/shapes-{attribute}.toml --out runs/{attribute}",
             "```", "", *quality,
@@ -89,15 +91,6 @@ def main() -> None:
         CARDS_DIR.mkdir(exist_ok=True)
         (CARDS_DIR / f"shapes-{attribute}.md").write_text(card)
         print(f"bundled shapes-{attribute}")
-    classifier = load_model(ROOT / "runs" / "shapes-classifier")
-    acc = conditional["classifier_accuracy"]
-    card = model_card(classifier, notes=(
-        "Reads shape, colour, size and position of 16x16 Shapes images; trained on every combination"
-        " (`benchmarks/_shapes.py`). Accuracy on 2000 fresh clean renders: "
-        + ", ".join(f"{a} {v:.3f}" for a, v in acc.items()) + "."), metrics=["accuracy"])
-    save_model(classifier, BUNDLED_DIR / "shapes-classifier", card=card)
-    (CARDS_DIR / "shapes-classifier.md").write_text(card)
-    print("bundled shapes-classifier")
 
 
 if __name__ == "__main__":
