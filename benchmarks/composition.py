@@ -14,6 +14,11 @@ composite naming both red and circle is a held-out combination.
 
     python -m benchmarks.composition                  # the whole table, 64 samples per composite, both forms
     python -m benchmarks.composition --quick          # 16 samples per composite, for screening
+
+On two cores, run the table as two one-thread shards and merge them::
+
+    python -m benchmarks.composition --shard 0/2 --threads 1 & python -m benchmarks.composition --shard 1/2 --threads 1
+    python -m benchmarks.composition --merge 2
 """
 
 from __future__ import annotations
@@ -80,7 +85,8 @@ def summarise(rows: list[dict]) -> dict:
             if joint:
                 out[f"{arity}_{kind}"] = {"mean": statistics.mean(joint), "worst": min(joint), "count": len(joint)}
         joint = [r["joint"] for r in rows if r["arity"] == arity]
-        out[f"{arity}_all"] = {"mean": statistics.mean(joint), "worst": min(joint), "count": len(joint)}
+        if joint:
+            out[f"{arity}_all"] = {"mean": statistics.mean(joint), "worst": min(joint), "count": len(joint)}
     held = [r["joint"] for r in rows if r["held_out"]]
     out["held_out_mean"] = statistics.mean(held)
     out["worst"] = min(r["joint"] for r in rows)
@@ -101,6 +107,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "composition")
     parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md or docs/images")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--shard", default=None, metavar="I/K", help="measure every K-th composite from the I-th only")
+    parser.add_argument("--merge", type=int, default=None, metavar="K", help="merge K shards' rows, then report")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -114,13 +122,24 @@ def main() -> None:
         return parse_expression(text, lambda name: models[name])
 
     targets = [t for arity in args.arities for t in conjunctions(arity)]
+    shard, shards = (int(v) for v in args.shard.split("/")) if args.shard else (0, 1)
+    if args.merge:
+        parts = [json.loads((args.out / f"composition-shard{i}of{args.merge}.json").read_text()) for i in range(args.merge)]
+        n, seconds = parts[0]["n"], sum(p["seconds"] for p in parts)
+        results = {form: sorted((r for p in parts for r in p["rows"][form]), key=lambda r: r["index"])
+                   for form in parts[0]["rows"]}
+        if [r["index"] for r in next(iter(results.values()))] != list(range(len(targets))):
+            raise SystemExit("the shards do not cover the table: run every shard with the same --arities")
+        report(args, parse, classifier, targets, results, n, seconds, write_doc)
+        return
     reference = {}
     results: dict[str, list[dict]] = {}
-    sheets: dict[str, list] = {}
     t0 = time.perf_counter()
     for form in args.forms:
-        rows, sheet = [], []
+        rows = []
         for i, target in enumerate(targets):
+            if i % shards != shard:
+                continue
             text = expression(target, form)
             samples = parse(text).sample(n, seed=i)
             score = compositional_accuracy(samples, classifier, target)
@@ -129,19 +148,25 @@ def main() -> None:
                 reference[key] = (renders(target, 500, seed=300 + i), renders(target, 4 * n, seed=400 + i))
             ref, real = reference[key]
             r = realism(samples, real, ref, classifier.features)
-            rows.append({"expression": text, "target": target, "arity": len(target), "held_out": held_out(target),
-                         "per_attribute": score.per_attribute, "joint": score.joint, "n": n,
-                         "fid_ratio": r.fid_ratio, "hf_ratio": r.hf_ratio})
+            rows.append({"index": i, "expression": text, "target": target, "arity": len(target),
+                         "held_out": held_out(target), "per_attribute": score.per_attribute, "joint": score.joint,
+                         "n": n, "fid_ratio": r.fid_ratio, "hf_ratio": r.hf_ratio})
             print(f"{form} | {text} | {'held out' if held_out(target) else 'seen'} | joint {score.joint:.3f} |"
                   f" FID ratio {r.fid_ratio:.1f} | HF ratio {r.hf_ratio:.2f}", flush=True)
-            if len(target) == 2:
-                sheet.append((samples, real))
         results[form] = rows
-        sheets[form] = sheet
     seconds = time.perf_counter() - t0
+    if shards > 1:
+        (args.out / f"composition-shard{shard}of{shards}.json").write_text(
+            json.dumps({"n": n, "seconds": seconds, "rows": results}, indent=1))
+        return
+    report(args, parse, classifier, targets, results, n, seconds, write_doc)
+
+
+def report(args, parse, classifier, targets: list[dict], results: dict[str, list[dict]], n: int, seconds: float,
+           write_doc: bool) -> None:
+    """Summaries, disjunction / negation / temperature checks, the pictures and the document section."""
     summaries = {form: summarise(rows) for form, rows in results.items()}
-    best = max(summaries, key=lambda f: (summaries[f]["2_all"]["mean"] + summaries[f]["3_all"]["mean"]
-                                         + summaries[f]["4_all"]["mean"]) if "4_all" in summaries[f] else 0)
+    best = max(summaries, key=lambda f: sum(summaries[f][f"{a}_all"]["mean"] for a in args.arities))
 
     # disjunction, negation and temperature on the colour and shape models
     extra = {}
@@ -171,8 +196,11 @@ def main() -> None:
     print(json.dumps({"summaries": summaries, **extra}, indent=1), flush=True)
     (args.out / ("composition-quick.json" if args.quick else "composition.json")).write_text(
         json.dumps({"n": n, "seconds": seconds, "summaries": summaries, "rows": results, **extra}, indent=1))
-    for form, sheet in sheets.items():
-        if sheet:
+    for form in results:
+        pairs = [t for t in targets if len(t) == 2]
+        if pairs:  # every 2-attribute composite again, 6 samples each, beside renders of that combination
+            sheet = [(parse(expression(t, form)).sample(6, seed=2000 + i), renders(t, 6, seed=500 + i))
+                     for i, t in enumerate(pairs)]
             image = to_pil(contact_sheet(sheet, per_row=6, scale=3))
             save_image(image, args.out / f"composition-pairs-{form}.png")
             if write_doc:

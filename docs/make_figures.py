@@ -3,9 +3,10 @@
     PYTHONPATH=. python docs/make_figures.py            # all figures (about 10 minutes on 2 CPU cores)
     PYTHONPATH=. python docs/make_figures.py --skip-training
 
-Writes ``docs/images/op_*.png`` (one per algebra operator), ``docs/images/chain.png`` (a chain from
-noise to red large circles) and ``docs/images/health_*.png`` (training health of the shape recipe,
-with and without the KL loss, from runs written under ``runs/docs``).
+Writes ``docs/images/op_*.png`` (one per algebra operator), ``docs/images/red_large_circles.png`` (the
+README's main job: 16 samples, seed 0), ``docs/images/chain.png`` (a chain from noise to red large
+circles) and ``docs/images/health_*.png`` (training health of the shape recipe, with and without the KL
+loss, from runs written under ``runs/docs``). Every 16-pixel sample is shown 64 pixels wide.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 import composable_ebm as cebm
+from composable_ebm.expression import parse_expression
 from composable_ebm.images import save_chain_strip, save_image_grid
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,16 +27,13 @@ IMAGES = ROOT / "docs" / "images"
 
 OPERATORS = {
     "sum": ("red + circle", lambda m: m["red"] + m["circle"]),
+    "guided": ("guided(red + circle)", lambda m: cebm.guided(m["red"] + m["circle"])),
     "weighted": ("green + 3 * triangle", lambda m: m["green"] + 3 * m["triangle"]),
-    "negation": ("blue - 0.5 * square", lambda m: m["blue"] - 0.5 * m["square"]),
+    "negation": ("guided(blue - 1 * square)", lambda m: cebm.guided(m["blue"] - 1.0 * m["square"])),
     "disjunction": ("red | blue", lambda m: m["red"] | m["blue"]),
-    "temperature": ("circle / 2 (a flatter distribution)", lambda m: m["circle"] / 2.0),
     "condition": ("shape.condition(shape='circle')", lambda m: m["circle"]),
 }
-
-
-def _big(images: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.interpolate(images, scale_factor=4, mode="nearest")
+README_EXPRESSION = "shapes-color[color=red] + shapes-shape[shape=circle] + shapes-size[size=large]"
 
 
 def algebra_figures() -> None:
@@ -42,11 +41,17 @@ def algebra_figures() -> None:
     m = {c: color.condition(color=c) for c in ("red", "green", "blue")}
     m |= {s: shape.condition(shape=s) for s in ("circle", "square", "triangle")}
     for key, (text, build) in OPERATORS.items():
-        save_image_grid(_big(build(m).sample(16, seed=0)), IMAGES / f"op_{key}.png", nrow=8)
+        save_image_grid(build(m).sample(16, seed=0), IMAGES / f"op_{key}.png", nrow=8)
         print(f"op_{key}.png: {text}", flush=True)
-    energy = m["red"] + m["circle"] + size.condition(size="large")
-    result = energy.sample_chain(8, seed=0, keep_every=10)
-    save_chain_strip(_big(result.chain.flatten(0, 1)).unflatten(0, result.chain.shape[:2]), IMAGES / "chain.png")
+    # temperature: one row each of circle / 0.5, circle, circle / 2, from the same starting noise
+    rows = [(m["circle"] / t).sample(8, seed=0) for t in (0.5, 1.0, 2.0)]
+    save_image_grid(torch.cat(rows), IMAGES / "op_temperature.png", nrow=8)
+    print("op_temperature.png: circle / 0.5, circle, circle / 2", flush=True)
+    readme = parse_expression(README_EXPRESSION, cebm.load)
+    save_image_grid(readme.sample(16, seed=0), IMAGES / "red_large_circles.png")  # what `cebm compose ... --seed 0` writes
+    print("red_large_circles.png", flush=True)
+    result = readme.sample_chain(8, seed=0, keep_every=10)
+    save_chain_strip(result.chain, IMAGES / "chain.png")
     print("chain.png", flush=True)
 
 

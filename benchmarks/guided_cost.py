@@ -1,0 +1,66 @@
+"""What a guided term costs against a plain one: time of one sampler step (energy and gradient).
+
+    python -m benchmarks.guided_cost [--n 64] [--repeats 30]
+
+Times ``energy_and_grad`` of ``red + circle + large`` (plain) and ``guided(red + circle + large)`` on the
+bundled models, batch ``--n``, and prints the ratio. A guided term evaluates its conditioned and its
+unconditional energy in one call on a batch of ``2n``, so on a device where a batch of ``2n`` costs
+little more than one of ``n`` (a GPU at these sizes) the ratio nears 1; on a CPU, whose time grows with
+the batch, it nears 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from benchmarks._report import machine, write_section
+from composable_ebm import guided, load
+
+EXPRESSION = "red + circle + large"
+
+
+def step_seconds(energy, x: torch.Tensor, repeats: int) -> float:
+    for _ in range(3):  # warm-up
+        energy.energy_and_grad(x)
+    if x.device.type == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(repeats):
+        energy.energy_and_grad(x)
+    if x.device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t) / repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    color, shape, size = (load(f"shapes-{a}", device=args.device) for a in ("color", "shape", "size"))
+    plain = color.condition(color="red") + shape.condition(shape="circle") + size.condition(size="large")
+    forms = {"plain": plain, "guided": guided(plain)}
+    x = torch.rand(args.n, 3, 16, 16, device=args.device)
+    seconds = {name: step_seconds(e, x, args.repeats) for name, e in forms.items()}
+    ratio = seconds["guided"] / seconds["plain"]
+    print(json.dumps({"seconds": seconds, "ratio": ratio}), flush=True)
+    write_section("guided_cost", "\n".join([
+        "## Cost of a guided term",
+        "",
+        f"`python -m benchmarks.guided_cost --n {args.n}` on {machine()}: one sampler step (energy and gradient) of",
+        f"`{EXPRESSION}` on a batch of {args.n}: plain {1000 * seconds['plain']:.1f} ms, guided"
+        f" {1000 * seconds['guided']:.1f} ms, **{ratio:.2f}x**. Each guided term is one network call on a batch of",
+        f"{2 * args.n} (conditioned and unconditional halves); on this CPU the time of a call grows with its batch.",
+    ]))
+
+
+if __name__ == "__main__":
+    main()
