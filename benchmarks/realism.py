@@ -80,6 +80,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "realism")
     parser.add_argument("--sheets", type=Path, default=None, help="where the contact sheets go (default: --out)")
     parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
+    parser.add_argument("--section", default="realism", help="docs/benchmarks.md section to write")
+    parser.add_argument("--title", default="Realism of each model's samples")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--recipe", type=Path, default=None,
                         help="for run folders (cebm train --out): their recipe; an unfinished run is read from its checkpoint")
@@ -89,7 +91,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     classifier = load_model("shapes-classifier").eval()
-    sheets = args.sheets or args.out
+    sheets = args.sheets or (args.out if args.no_doc else ROOT / "docs" / "images")
     sheets.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     all_rows = []
@@ -113,9 +115,9 @@ def main() -> None:
     if args.no_doc:
         return
     lines = [
-        "## Realism of each model's samples",
+        f"## {args.title}",
         "",
-        f"`python -m benchmarks.realism --n {args.n}` on {machine()}. {args.n} samples per value with the model's",
+        f"`python -m benchmarks.realism --n {args.n} --label {args.label}` on {machine()}. {args.n} samples per value with the model's",
         "default settings against fresh renders of that value (the model's training split). FID ratio: FID in the",
         "bundled classifier's penultimate features against 1000 renders, over the floor (as many other fresh",
         "renders against the same reference, the mean of 4 such sets). HF ratio: mean |discrete Laplacian| of the samples over the renders'.",
@@ -136,8 +138,10 @@ def main() -> None:
         "Samples (left, 8 per value) beside renders of the same value (right), 4x nearest-neighbour:",
         "",
         *(f"![{m}](images/realism-{args.label}-{m}.png)" for m in dict.fromkeys(r["model"] for r in all_rows)),
+        "",
+        f"Raw numbers: `runs/realism/realism-{args.label}.json` after a run.",
     ]
-    write_section("realism", "\n".join(lines))
+    write_section(args.section, "\n".join(lines))
 
 
 if __name__ == "__main__":
