@@ -109,6 +109,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--shard", default=None, metavar="I/K", help="measure every K-th composite from the I-th only")
     parser.add_argument("--merge", type=int, default=None, metavar="K", help="merge K shards' rows, then report")
+    parser.add_argument("--shards-from", type=Path, nargs="+", default=None,
+                        help="with --merge: the --out folders of the shard runs (default: --out)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -123,14 +125,17 @@ def main() -> None:
 
     targets = [t for arity in args.arities for t in conjunctions(arity)]
     shard, shards = (int(v) for v in args.shard.split("/")) if args.shard else (0, 1)
-    if args.merge:
-        parts = [json.loads((args.out / f"composition-shard{i}of{args.merge}.json").read_text()) for i in range(args.merge)]
-        n, seconds = parts[0]["n"], sum(p["seconds"] for p in parts)
-        results = {form: sorted((r for p in parts for r in p["rows"][form]), key=lambda r: r["index"])
-                   for form in parts[0]["rows"]}
-        if [r["index"] for r in next(iter(results.values()))] != list(range(len(targets))):
-            raise SystemExit("the shards do not cover the table: run every shard with the same --arities")
-        report(args, parse, classifier, targets, results, n, seconds, write_doc)
+    if args.merge:  # shards of one or more runs (e.g. the plain form at 64 samples, the guided at 16)
+        parts = [json.loads((folder / f"composition-shard{i}of{args.merge}.json").read_text())
+                 for folder in (args.shards_from or [args.out]) for i in range(args.merge)]
+        seconds = sum(p["seconds"] for p in parts)
+        forms = dict.fromkeys(form for p in parts for form in p["rows"])
+        results = {form: sorted((r for p in parts for r in p["rows"].get(form, [])), key=lambda r: r["index"])
+                   for form in forms}
+        for form, rows in results.items():
+            if [r["index"] for r in rows] != list(range(len(targets))):
+                raise SystemExit(f"the {form} shards do not cover the table: run every shard with the same --arities")
+        report(args, parse, classifier, targets, results, max(p["n"] for p in parts), seconds, write_doc)
         return
     reference = {}
     results: dict[str, list[dict]] = {}
@@ -216,8 +221,9 @@ def report(args, parse, classifier, targets: list[dict], results: dict[str, list
     lines = [
         "## Composition of the bundled Shapes models: the whole table",
         "",
-        f"`python -m benchmarks.composition --n {n}` on {machine()} ({seconds / 60:.1f} min of sampling).",
-        f"{n} samples per composite, each composite's default settings (`energy.sample(n)`), read by the bundled",
+        f"`python -m benchmarks.composition` (sharded, see the script) on {machine()} ({seconds / 60:.1f} min of"
+        " sampling). " + ", ".join(f"{results[f][0]['n']} samples per composite in the {f} form" for f in results)
+        + "; each composite's default settings (`energy.sample(n)`), read by the bundled",
         "classifier. Every conjunction of 2, 3 and 4 attributes (37, 60 and 36 composites); model names are short",
         "(`color` is `shapes-color`). Red circles of every size and position are held out of every model's training",
         "split, and no model's augmentations can draw one. Joint: every conditioned attribute read right at once.",
@@ -227,7 +233,8 @@ def report(args, parse, classifier, targets: list[dict], results: dict[str, list
     ]
     for form, s in summaries.items():
         lines += [
-            f"**{form} form** (`{expression({'color': 'red', 'shape': 'circle'}, form)}`): worst composite"
+            f"**{form} form** (`{expression({'color': 'red', 'shape': 'circle'}, form)}`, {results[form][0]['n']}"
+            f" samples per composite): worst composite"
             f" {s['worst']:.3f}, held-out mean {s['held_out_mean']:.3f}; composites' FID ratio median"
             f" {s['fid_ratio_median']:.1f} (worst {s['fid_ratio_worst']:.1f}), HF ratio median {s['hf_ratio_median']:.2f}"
             f" (worst {s['hf_ratio_worst']:.2f}).",

@@ -99,8 +99,7 @@ def main() -> None:
         model = (load_run(Path(name), args.recipe) if args.recipe else load_model(name)).eval()
         rows = measure_model(model, classifier, args.n, args.seed, overrides)
         sheet = contact_sheet([(r["samples"], r["real"]) for r in rows], per_row=8, scale=4)
-        tag = model.name if name == model.name else Path(name).name  # a bundled name, or the folder's
-        save_image(to_pil(sheet), sheets / f"realism-{args.label}-{tag}.png")
+        save_image(to_pil(sheet), sheets / f"realism-{args.label}-{model.name}.png")
         all_rows += rows
     fid = [r["fid_ratio"] for r in all_rows]
     hf = [r["hf_ratio"] for r in all_rows]

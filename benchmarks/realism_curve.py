@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from benchmarks._report import machine, write_section
 from benchmarks._shapes import ROOT
 from benchmarks.realism import measure_model
 from composable_ebm.hub import load_model
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
+    args.run = args.run.resolve()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.watch:
@@ -90,6 +92,19 @@ def main() -> None:
     out = ROOT / "runs" / "realism" / f"curve-{args.run.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(points, indent=1))
+    write_section(f"realism-curve-{args.run.name}", "\n".join([
+        f"## Realism against training time: {model.name}",
+        "",
+        f"`python -m benchmarks.realism_curve --run {args.run.relative_to(ROOT) if args.run.is_relative_to(ROOT) else args.run}"
+        f" --recipe {args.recipe}` on {machine()}: the EMA weights of every saved checkpoint, {args.n} samples per value",
+        "with the recipe's sampling settings (as `benchmarks/realism.py`). Minutes: the run's logged step times (one",
+        "thread, the machine's two cores shared with another run).",
+        "",
+        "| step | minutes | median FID ratio | median HF ratio | mean accuracy |",
+        "| --- | --- | --- | --- | --- |",
+        *(f"| {p['step']} | {p['minutes']:.0f} | {p['fid_ratio_median']:.1f} | {p['hf_ratio_median']:.2f} |"
+          f" {p['accuracy_mean']:.3f} |" for p in points),
+    ]))
 
 
 if __name__ == "__main__":

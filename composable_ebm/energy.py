@@ -477,11 +477,6 @@ class Guided(Energy):
         self.weights: tuple[float, ...] = tuple(float(w) for w in weights)
         self.terms = nn.ModuleList(terms)
 
-    @property
-    def total_weight(self) -> float:
-        """``sum_i |w_i|``."""
-        return sum(abs(w) for w in self.weights)
-
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
         """``E_0(x) + sum_i w_i (E_i(x | c_i) - E_i(x | 0))``, ``(B,)``."""
         b = x.shape[0]
