@@ -146,10 +146,10 @@ def test_composite_of_conditional_networks_samples_end_to_end(color_model, shape
     red, circle = color_model.condition(color="red"), shape_model.condition(shape="circle")
     color_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig())
     composite = red + circle - 0.5 * shape_model.condition(shape="square")
-    # a sum keeps its parts' step size: each term's gradient moves the chain as far as it does alone
+    # a sum divides its parts' step size by the number of terms, not by the weights
     assert composite.sampler_config is None  # a composite has no settings of its own
-    assert default_sampler_config(composite).step_size == pytest.approx(10.0)
-    assert default_sampler_config(2.0 * red + circle).step_size == pytest.approx(10.0)
+    assert default_sampler_config(composite).step_size == pytest.approx(10.0 / 3)
+    assert default_sampler_config(2.0 * red + circle).step_size == pytest.approx(10.0 / 2)
     assert default_sampler_config(red | circle).step_size == pytest.approx(10.0)
     # the shape model has no augmentation of its own, so the sum runs none (a colour model's flips
     # and crops would move what a position or size model is bound to)
@@ -161,7 +161,7 @@ def test_composite_of_conditional_networks_samples_end_to_end(color_model, shape
     assert images.min() >= 0 and images.max() <= 1
     # per-call overrides win over the derived defaults
     result = composite.sample_chain(n=2, seed=0, steps=2, rounds=3, keep_every=2)
-    assert result.config.step_size == pytest.approx(10.0) and result.config.steps == 2
+    assert result.config.step_size == pytest.approx(10.0 / 3) and result.config.steps == 2
     assert result.diagnostics.energy.shape == (6,)
 
 

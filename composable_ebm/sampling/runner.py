@@ -81,9 +81,9 @@ def default_sampler_config(energy: Energy) -> SamplerConfig:
     A model's own settings (a trained model carries its recipe's); a conditioned model its
     base's; a composite (weighted sum, guided sum, disjunction) its first part's, with two rules:
 
-    - the step size is the part's own, not divided by the weights: each term's gradient then moves
-      a chain as far as it does alone (times its weight), and a temperature ``/ T`` scales the
-      gradient against fixed noise, so it widens (T > 1) or sharpens (T < 1) the samples;
+    - the step size of a sum is the part's divided by the number of terms (the authors' composition
+      scripts), not by the weights: a temperature ``/ T`` then scales the gradient against fixed noise,
+      so it widens (T > 1) or sharpens (T < 1) the samples (dividing by the total weight cancelled it);
     - augmentation transitions only when every part's own settings use the same one: an
       augmentation one model ignores (a flip, for a shape model) can change what another is
       bound to (left or right).
@@ -104,7 +104,8 @@ def _own_or_derived(energy: Energy) -> SamplerConfig | None:
         if first is None:
             return None
         shared = len({c.augment if c is not None else None for c in parts}) == 1  # no settings: no augmentation
-        return dataclasses.replace(first, augment=first.augment if shared else None)
+        step = first.step_size if isinstance(energy, Disjunction) else first.step_size / len(energy.terms)
+        return dataclasses.replace(first, step_size=step, augment=first.augment if shared else None)
     return None
 
 
