@@ -127,6 +127,8 @@ PrecisionOpt = Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (
 MethodOpt = Annotated[Optional[str], typer.Option(help="langevin or mala (default: the model's).")]
 NoiseOpt = Annotated[Optional[str], typer.Option(help="Noise std per step, or 'exact' for sqrt(2 * step size).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
+RefreshOpt = Annotated[bool, typer.Option("--refresh", help="Ask the Hub for the newest revision of org/name models and "
+                                          "download them again, even when cached.")]
 ScaleOpt = Annotated[Optional[int], typer.Option(
     min=1, max=64, help="Upscale each image this many times, nearest neighbour (default: to at least 64 pixels).")]
 
@@ -214,6 +216,7 @@ def sample(
     noise: NoiseOpt = None,
     device: DeviceOpt = None,
     scale: ScaleOpt = None,
+    refresh: RefreshOpt = False,
 ) -> None:
     """Sample one model (optionally conditioned) into an image grid.
 
@@ -222,7 +225,7 @@ def sample(
     from composable_ebm.hub import load_model
 
     _check_outputs(n, output, chain)
-    energy = load_model(model, _device(device))
+    energy = load_model(model, _device(device), refresh=refresh)
     bindings = _parse_bindings(condition)
     if bindings:
         energy = energy.condition(**bindings)
@@ -245,13 +248,14 @@ def compose(
     noise: NoiseOpt = None,
     device: DeviceOpt = None,
     scale: ScaleOpt = None,
+    refresh: RefreshOpt = False,
 ) -> None:
     """Compose models with the energy algebra (+, -, *, /, |, \\[attr=value]) and sample an image grid.
 
     Example: cebm compose "shapes-color[color=red] + shapes-shape[shape=circle]" -n 16 -o grid.png
     """
     _check_outputs(n, output, chain)
-    energy = _load_expression(expression, _device(device))
+    energy = _load_expression(expression, _device(device), refresh)
     typer.echo(f"sampling {energy.expression()}")
     _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise),
                      scale)
@@ -268,12 +272,12 @@ def _check_outputs(n: int, output: Path, chain: Path | None) -> None:
         image_format(chain)
 
 
-def _load_expression(expression: str, device: torch.device):
+def _load_expression(expression: str, device: torch.device, refresh: bool = False):
     """The composite energy of an expression, each named model loaded once onto ``device``."""
     from composable_ebm.expression import parse_expression
     from composable_ebm.hub import load_model
 
-    return parse_expression(expression, lambda name: load_model(name, device))
+    return parse_expression(expression, lambda name: load_model(name, device, refresh=refresh))
 
 
 def _sample_to_files(energy, n: int, seed: int, output: Path, chain: Path | None, overrides: dict,
@@ -334,14 +338,15 @@ def plot(
 
 
 @app.command()
-def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name or org/name.")]) -> None:
+def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name or org/name.")],
+         refresh: RefreshOpt = False) -> None:
     """Show a model's type, attributes, size and default sampler settings.
 
     Example: cebm info shapes-color
     """
     from composable_ebm.hub import WEIGHTS_NAME, read_config, resolve_source, typed_configs, weights_header
 
-    folder = resolve_source(model)
+    folder = resolve_source(model, refresh=refresh)
     payload = read_config(folder)
     typed_configs(folder, payload)  # refuses a config that could not be loaded
     tensors = sum(torch.Size(shape).numel() for shape, _ in weights_header(folder / WEIGHTS_NAME).values())
@@ -359,6 +364,7 @@ def eval_compose(
     rounds: RoundsOpt = None,
     step_size: StepSizeOpt = None,
     device: DeviceOpt = None,
+    refresh: RefreshOpt = False,
 ) -> None:
     """Compositional accuracy: how often the classifier finds every target attribute in composed samples.
 
@@ -369,8 +375,8 @@ def eval_compose(
     from composable_ebm.sampling import sample as run_sampler
 
     dev = _device(device)
-    energy = _load_expression(expression, dev)
-    clf = load_model(classifier, dev)
+    energy = _load_expression(expression, dev, refresh)
+    clf = load_model(classifier, dev, refresh=refresh)
     samples = run_sampler(energy, n, seed=seed, progress=True, **_overrides(steps, rounds, step_size, None)).samples
     score = compositional_accuracy(samples, clf, _parse_bindings(target))
     typer.echo(json.dumps({"expression": energy.expression(), "n": score.n, "per_attribute": score.per_attribute,

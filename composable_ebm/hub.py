@@ -10,9 +10,12 @@ config's types and sizes (no layer wider than :data:`~composable_ebm.configs.MAX
 weights file's header against the network the config describes (built on the ``meta`` device,
 at most :data:`MAX_PARAMETERS` elements), then that every weight is finite.
 
-Hub names (``org/name``) load from the local cache without touching the network; only an
-uncached model (or ``refresh=True``) is downloaded, and a Hub that does not answer fails after
-about twice :func:`hub_timeout` (``CEBM_HUB_TIMEOUT``, default 5 s) plus a second.
+Hub names (``org/name``, ``org/name@revision``) load from the local cache without touching the
+network; only an uncached model (or ``refresh=True``) is downloaded (:func:`download_snapshot`).
+Every network wait is bounded: connecting and each read by :func:`hub_timeout` (``CEBM_HUB_TIMEOUT``,
+default 5 s), each downloaded file in all by :func:`hub_file_timeout` (``CEBM_HUB_FILE_TIMEOUT``,
+default 600 s), each request of a push by :func:`hub_timeout`. Revisions are checked against git's
+ref-name rules before any path is built from them (:func:`check_revision`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ MAX_PARAMETERS = 1_000_000_000
 """Most weight elements a loaded model may have (4 GB in float32)."""
 MAX_CONFIG_BYTES = 1_000_000
 """Largest ``config.json`` read."""
+MAX_DOWNLOAD_BYTES = 8 * MAX_PARAMETERS + MAX_CONFIG_BYTES
+"""Largest file downloaded from the Hub (the largest weights file a model may have, in float64)."""
 
 MODEL_TYPES: dict[str, tuple[type, type]] = {
     "resnet_energy": (ResNetConfig, ResNetEnergy),
@@ -278,17 +283,19 @@ def bundled_models() -> list[str]:
 
 
 def hub_timeout() -> float:
-    """Seconds to wait for each answer of the Hub: ``CEBM_HUB_TIMEOUT``, default 5.
+    """Seconds to wait for the Hub to connect and for each of its answers and reads: ``CEBM_HUB_TIMEOUT``,
+    default 5. A download also has a total bound per file, :func:`hub_file_timeout`."""
+    return _positive_seconds("CEBM_HUB_TIMEOUT", "5")
 
-    huggingface_hub retries a timed-out request once, so a Hub that never answers fails a load of
-    an uncached model after about twice this plus a second (5.0 s measured at 2 s)."""
-    text = os.environ.get("CEBM_HUB_TIMEOUT", "5")
+
+def _positive_seconds(name: str, default: str) -> float:
+    text = os.environ.get(name, default)
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise InvalidInputError(f"CEBM_HUB_TIMEOUT must be a positive number of seconds, got {text!r}")
+        raise InvalidInputError(f"{name} must be a positive number of seconds, got {text!r}")
     return value
 
 
@@ -323,32 +330,230 @@ def resolve_source(source: str | Path, revision: str | None = None, refresh: boo
 
 
 def _from_hub(repo: str, revision: str | None, refresh: bool) -> Path:
-    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub import errors as hub_errors
 
-    patterns = [CONFIG_NAME, WEIGHTS_NAME, CARD_NAME]
+    revision = check_revision(revision) if revision is not None else None
     at = f"{repo}@{revision}" if revision else repo
     if not refresh:
-        try:
+        try:  # the cache only: refs/<revision> -> snapshots/<commit>, no network
+            patterns = [CONFIG_NAME, WEIGHTS_NAME, CARD_NAME]
             return Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=patterns, local_files_only=True))
         except hub_errors.LocalEntryNotFoundError:
             pass  # not cached: download below
     if constants.HF_HUB_OFFLINE:
         raise ModelNotFoundError(f"{at} is not in the local Hub cache and HF_HUB_OFFLINE is set; "
                                  "unset it to download the model, or pass a model folder")
-    timeout = hub_timeout()
+    return download_snapshot(repo, revision, force=refresh)
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+
+
+def check_revision(revision: str) -> str:
+    """``revision`` if it is a valid branch, tag or commit name, else one line saying why not.
+
+    The rules are git's (``git check-ref-format``), which the Hub's branch and tag names follow:
+    no ``..``, no component starting with ``.`` or ending in ``.lock``, no leading, trailing or
+    doubled ``/``, no control characters, spaces or any of ``~^:?*[\\``, no ``@{``. A revision
+    names a file in the Hub cache (``refs/<revision>``), so one that broke these rules could
+    write outside it (``org/name@../../victim``).
+    """
+    if not isinstance(revision, str):
+        raise InvalidInputError(f"a revision must be a string (branch, tag or commit), got {type(revision).__name__}")
+    problem = None
+    if not revision:
+        problem = "is empty"
+    elif len(revision) > 255:
+        problem = f"is {len(revision)} characters long (at most 255)"
+    elif _REF_FORBIDDEN.search(revision):
+        problem = "contains a control character, a space or one of ~ ^ : ? * [ \\"
+    elif ".." in revision or "@{" in revision or revision == "@":
+        problem = "contains '..' or '@{'"
+    elif revision.startswith("/") or revision.endswith(("/", ".")) or "//" in revision:
+        problem = "starts or ends with '/', ends with '.' or has an empty component"
+    elif any(part.startswith(".") or part.endswith(".lock") for part in revision.split("/")):
+        problem = "has a component that starts with '.' or ends with '.lock'"
+    if problem:
+        raise InvalidInputError(f"revision {revision!r} {problem}; a revision is a branch, tag or commit id"
+                                " (git's ref-name rules: no '..', no leading '/', no control characters)")
+    return revision
+
+
+def hub_file_timeout() -> float:
+    """Seconds one downloaded file may take in all: ``CEBM_HUB_FILE_TIMEOUT``, default 600.
+
+    Each wait (connect, every read) is bounded by :func:`hub_timeout`; this bounds a download that
+    keeps trickling a few bytes at a time."""
+    return _positive_seconds("CEBM_HUB_FILE_TIMEOUT", "600")
+
+
+def download_snapshot(repo: str, revision: str | None = None, token: str | None = None, force: bool = False) -> Path:
+    """Download a model's files into the Hugging Face cache; return the snapshot folder.
+
+    The cache layout is huggingface_hub's (``models--org--name/{blobs,snapshots/<commit>,refs/<revision>}``),
+    so its tools and offline loads find the model; the download is ours, so that every path comes
+    from checked strings (the commit id must be 40 hex digits, the revision a git ref name, the files
+    our three names) and every wait is bounded: :func:`hub_timeout` for connecting and for each
+    read, :func:`hub_file_timeout` for each file in all. A file is written to a temporary name and
+    moved into place only when complete (and matching its SHA-256, where the Hub gives one), so a
+    failed download leaves nothing in the cache. Files already in the snapshot are kept unless ``force``.
+    """
+    from urllib.parse import quote
+
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers
+
+    revision = check_revision(revision) if revision is not None else None
+    if not _REPO_ID.match(repo):
+        raise InvalidInputError(f"'{repo}' is not a Hub repository id; write org/name")
+    at = f"{repo}@{revision}" if revision else repo
+    endpoint = constants.ENDPOINT.rstrip("/")
+    headers = build_hf_headers(token=token)
+    timeout, file_timeout = hub_timeout(), hub_file_timeout()
+    url = f"{endpoint}/api/models/{repo}/revision/{quote(revision or 'main', safe='')}"
+    info = _hub_json(url, headers, timeout, at)
+    sha = info.get("sha") if isinstance(info, dict) else None
+    if not isinstance(sha, str) or not _COMMIT.fullmatch(sha):
+        raise HubUnavailableError(f"the Hub ({endpoint}) answered {at} with commit id {str(sha)[:60]!r}, not 40 hex"
+                                  " digits; is HF_ENDPOINT a Hugging Face Hub?")
+    siblings = info.get("siblings") if isinstance(info.get("siblings"), list) else []
+    names = {s.get("rfilename") for s in siblings if isinstance(s, dict)}
+    missing = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if n not in names]
+    if missing:
+        raise ModelNotFoundError(f"{at} on the Hub has no {' or '.join(missing)}: not a composable_ebm model")
+    storage = Path(constants.HF_HUB_CACHE).expanduser() / f"models--{repo.replace('/', '--')}"
+    snapshot = storage / "snapshots" / sha
+    for name in (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME):
+        if name in names and (force or not (snapshot / name).is_file()):
+            _download_file(f"{endpoint}/{repo}/resolve/{sha}/{name}", headers, storage, snapshot / name,
+                           timeout, file_timeout, f"{at}: {name}")
+    if revision is not None and revision != sha:  # refs/<revision> holds the commit, as huggingface_hub writes it
+        ref = storage / "refs" / revision
+        if Path(os.path.abspath(storage / "refs")) not in Path(os.path.abspath(ref)).parents:
+            raise InvalidInputError(f"revision {revision!r} would write outside the cache")  # unreachable after check
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
+        tmp.write_text(sha)
+        os.replace(tmp, ref)
+    elif revision is None:
+        (storage / "refs").mkdir(parents=True, exist_ok=True)
+        tmp = storage / "refs" / f".main.{os.getpid()}.tmp"
+        tmp.write_text(sha)
+        os.replace(tmp, storage / "refs" / "main")
+    return snapshot
+
+
+def _hub_json(url: str, headers: dict, timeout: float, at: str) -> Any:
+    response = _hub_request("GET", url, headers, timeout, at, stream=False)
     try:
-        HfApi().repo_info(repo, revision=revision, timeout=timeout)  # bounded: fails fast if the Hub hangs
-        local = snapshot_download(repo_id=repo, revision=revision, allow_patterns=patterns, etag_timeout=timeout)
-    except (hub_errors.RepositoryNotFoundError, hub_errors.RevisionNotFoundError) as err:
-        raise ModelNotFoundError(f"{at}: no such repository or revision on the Hub ({constants.ENDPOINT})") from err
-    except hub_errors.HTTPError as err:
-        kind = "did not answer within" if "Timeout" in type(err).__name__ else "failed within"
-        raise HubUnavailableError(
-            f"{at} is not in the local cache and the Hub ({constants.ENDPOINT}) {kind} {timeout:g} s"
-            f" ({type(err).__name__}); CEBM_HUB_TIMEOUT sets the wait"
-        ) from err
-    return Path(local)
+        return response.json()
+    except ValueError:
+        kind = response.headers.get("content-type", "no content type").split(";")[0]
+        raise HubUnavailableError(f"the Hub answered {at} with {kind}, not JSON ({_snippet(response.text)});"
+                                  " is HF_ENDPOINT a Hugging Face Hub?") from None
+
+
+def _hub_request(method: str, url: str, headers: dict, timeout: float, at: str, stream: bool):
+    """One bounded request; an answer other than 2xx becomes one line saying what the server said."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    bound = httpx2.Timeout(timeout)
+    try:
+        if stream:
+            response = get_session().send(get_session().build_request(method, url, headers=headers, timeout=bound),
+                                          stream=True)
+        else:
+            response = get_session().request(method, url, headers=headers, timeout=bound)
+    except httpx2.TimeoutException as err:
+        raise HubUnavailableError(f"{at} is not in the local cache and the Hub ({constants.ENDPOINT}) did not answer"
+                                  f" within {timeout:g} s ({type(err).__name__}); CEBM_HUB_TIMEOUT sets the wait") from err
+    except httpx2.HTTPError as err:
+        raise HubUnavailableError(f"{at} is not in the local cache and the Hub ({constants.ENDPOINT}) could not be"
+                                  f" reached: {' '.join(str(err).split())[:200] or type(err).__name__}") from err
+    if response.status_code < 300:
+        return response
+    if stream:
+        response.read()
+    said = response.headers.get("x-error-message") or _snippet(response.text)
+    status = f"HTTP {response.status_code} {response.reason_phrase}".strip()
+    if response.status_code in (401, 403):
+        raise ModelNotFoundError(f"the Hub refused {at}: {status} ({said}); for a private or gated repository"
+                                 " log in (hf auth login) or set HF_TOKEN")
+    if response.status_code == 404:
+        raise ModelNotFoundError(f"{at}: no such repository, revision or file on the Hub ({constants.ENDPOINT}):"
+                                 f" {status} ({said})")
+    raise HubUnavailableError(f"the Hub ({constants.ENDPOINT}) answered {at} with {status} ({said})")
+
+
+def _snippet(text: str) -> str:
+    text = " ".join(text.split())
+    return (text[:120] + "...") if len(text) > 120 else (text or "empty body")
+
+
+def _download_file(url: str, headers: dict, storage: Path, target: Path, timeout: float, file_timeout: float,
+                   label: str) -> None:
+    import hashlib
+    import time
+
+    import httpx2
+    from huggingface_hub.utils import are_progress_bars_disabled, tqdm
+
+    blobs = storage / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    partial = blobs / f".download-{os.getpid()}-{os.urandom(4).hex()}.incomplete"
+    deadline = time.monotonic() + file_timeout
+    digest = hashlib.sha256()
+    response = _hub_request("GET", url, headers, timeout, label, stream=True)
+    try:
+        expected = response.headers.get("content-length")
+        expected = int(expected) if expected and expected.isdigit() else None
+        if expected is not None and expected > MAX_DOWNLOAD_BYTES:
+            raise ModelFileError(f"{label} is {expected} bytes, more than the {MAX_DOWNLOAD_BYTES} a model file may be")
+        linked = (response.headers.get("x-linked-etag") or response.headers.get("etag") or "").strip('"').removeprefix("W/").strip('"')
+        received = 0
+        bar = tqdm(total=expected, unit="B", unit_scale=True, desc=f"{label} (at most {file_timeout:g} s)",
+                   disable=are_progress_bars_disabled() or (expected or 0) < 1 << 20)
+        with open(partial, "wb") as out, bar:
+            try:
+                for chunk in response.iter_bytes():  # as it arrives, so the deadline is checked at least every read
+                    out.write(chunk)
+                    digest.update(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+                    if received > MAX_DOWNLOAD_BYTES:
+                        raise ModelFileError(f"{label} is larger than the {MAX_DOWNLOAD_BYTES} bytes a model file may be")
+                    if time.monotonic() > deadline:
+                        raise HubUnavailableError(f"{label}: the download took more than {file_timeout:g} s"
+                                                  f" ({received} bytes received); CEBM_HUB_FILE_TIMEOUT sets the bound")
+            except httpx2.TimeoutException as err:
+                raise HubUnavailableError(f"{label}: the Hub stopped sending for {timeout:g} s after {received} bytes;"
+                                          " CEBM_HUB_TIMEOUT sets the wait") from err
+            except httpx2.HTTPError as err:
+                raise HubUnavailableError(f"{label}: the download broke off after {received} bytes"
+                                          f" ({type(err).__name__})") from err
+            out.flush()
+            os.fsync(out.fileno())
+        if expected is not None and received != expected:
+            raise HubUnavailableError(f"{label}: received {received} of {expected} bytes")
+        if _SHA256.fullmatch(linked) and linked != digest.hexdigest():
+            raise HubUnavailableError(f"{label}: the file's SHA-256 does not match the Hub's ({linked[:12]}...)")
+        blob = blobs / digest.hexdigest()
+        os.replace(partial, blob)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        link = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            link.symlink_to(os.path.relpath(blob, target.parent))
+        except OSError:  # no symlinks (some Windows setups): a copy, as huggingface_hub does
+            shutil.copyfile(blob, link)
+        os.replace(link, target)
+    finally:
+        response.close()
+        partial.unlink(missing_ok=True)
 
 
 def split_revision(name: str, revision: str | None = None) -> tuple[str, str | None]:
@@ -360,7 +565,7 @@ def split_revision(name: str, revision: str | None = None) -> tuple[str, str | N
         if revision is not None and revision != suffix:
             raise InvalidInputError(f"two revisions for {name}: @{suffix} and revision={revision!r}")
         revision = suffix
-    return name, revision
+    return name, check_revision(revision) if revision is not None else None
 
 
 def push_to_hub(model: nn.Module, repo_id: str, revision: str | None = None, private: bool = False,
@@ -382,13 +587,17 @@ def push_to_hub(model: nn.Module, repo_id: str, revision: str | None = None, pri
 def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, private: bool = False,
                 token: str | None = None, commit_message: str | None = None) -> str:
     """Publish a saved model folder (checked by loading it first); see :func:`push_to_hub`."""
-    from huggingface_hub import HfApi
+    import httpx2
+    from huggingface_hub import HfApi, constants
     from huggingface_hub import errors as hub_errors
 
     folder = Path(folder)
     if not _REPO_ID.match(repo_id):
         raise InvalidInputError(f"'{repo_id}' is not a Hub repository id; write org/name")
+    if revision is not None:
+        check_revision(revision)
     load_model(folder)  # never publish what would not load
+    timeout = bound_hub_requests()
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory() as tmp:
         upload = Path(tmp)
@@ -407,6 +616,44 @@ def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, p
             info = api.upload_folder(folder_path=upload, repo_id=repo_id, revision=revision,
                                      commit_message=commit_message or f"Upload {folder.name} with composable_ebm")
         except hub_errors.HTTPError as err:
-            raise HubUnavailableError(f"pushing {folder} to {repo_id} failed: {' '.join(str(err).split())[:300]}") from err
+            if not _timed_out(err):
+                raise HubUnavailableError(f"pushing {folder} to {repo_id} failed: {' '.join(str(err).split())[:300]}") from err
+            raise HubUnavailableError(f"pushing {folder} to {repo_id}: the Hub ({constants.ENDPOINT}) did not answer"
+                                      f" within {timeout:g} s; CEBM_HUB_TIMEOUT sets the wait") from err
+        except httpx2.TimeoutException as err:
+            raise HubUnavailableError(f"pushing {folder} to {repo_id}: the Hub ({constants.ENDPOINT}) did not answer"
+                                      f" within {timeout:g} s ({type(err).__name__}); CEBM_HUB_TIMEOUT sets the wait") from err
+        except httpx2.HTTPError as err:
+            raise HubUnavailableError(f"pushing {folder} to {repo_id}: the Hub ({constants.ENDPOINT}) could not be"
+                                      f" reached ({' '.join(str(err).split())[:200] or type(err).__name__})") from err
     return str(info)
+
+
+def _timed_out(err: BaseException) -> bool:
+    """Whether an error of huggingface_hub was a timeout of the HTTP client underneath."""
+    import httpx2
+
+    seen = err
+    while seen is not None:
+        if isinstance(seen, (httpx2.TimeoutException, TimeoutError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def bound_hub_requests() -> float:
+    """Give huggingface_hub's shared HTTP client a timeout of :func:`hub_timeout` for connecting and for
+    each read and write (its default waits for ever); returns the timeout. Used before a push."""
+    import httpx2
+    from huggingface_hub.utils import _http, set_client_factory
+
+    timeout = hub_timeout()
+
+    def bounded_client():
+        client = _http.default_client_factory()
+        client.timeout = httpx2.Timeout(timeout)
+        return client
+
+    set_client_factory(bounded_client)
+    return timeout
 

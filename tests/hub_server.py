@@ -3,6 +3,10 @@
 It implements the endpoints that ``huggingface_hub`` calls for ``create_repo``, ``create_branch``,
 ``upload_folder`` (preupload, then a commit with every file inline) and ``snapshot_download``
 (repo info, tree listing, file resolution). Point ``HF_ENDPOINT`` at :attr:`HubServer.url`.
+
+A test may script faults: ``hub.script(method, path)`` returns ``None`` (answer normally) or
+``(status, headers, chunks)``, and the chunks (bytes, or a number of seconds to sleep) are sent as
+they come, for a Hub that stalls, trickles or answers what a Hub never should.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlparse
 
@@ -42,6 +47,7 @@ class HubServer:
     def __init__(self) -> None:
         self.repos: dict[str, Repo] = {}
         self.requests: list[str] = []
+        self.script = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
@@ -131,6 +137,24 @@ class HubServer:
             def do_GET(self, head: bool = False) -> None:
                 path = unquote(urlparse(self.path).path)
                 hub.requests.append(f"{'HEAD' if head else 'GET'} {path}")
+                scripted = hub.script("HEAD" if head else "GET", path) if hub.script else None
+                if scripted is not None:
+                    status, headers, chunks = scripted
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    try:
+                        for chunk in ([] if head else chunks):
+                            if isinstance(chunk, (int, float)):
+                                time.sleep(chunk)
+                            else:
+                                self.wfile.write(chunk)
+                                self.wfile.flush()
+                    except OSError:  # the client gave up: what the test wants
+                        pass
+                    self.close_connection = True
+                    return None
                 m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/(.+))?", path)
                 if m:
                     repo = hub.repos.get(m.group(1))
