@@ -8,6 +8,7 @@ success, 1 on a failure at run time (a diverged run, a failed download), 2 on ba
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -139,6 +140,9 @@ def train(
     out: Annotated[Path, typer.Option("--out", "-o", help="Run folder: checkpoint, log, model.")],
     steps: Annotated[Optional[int], typer.Option(help="Override the recipe's number of steps.")] = None,
     resume: Annotated[bool, typer.Option(help="Resume from OUT/checkpoint.pt if it exists.")] = True,
+    overwrite: Annotated[bool, typer.Option(
+        help="With --no-resume: start a new run in an OUT that holds another run's files (they are moved to "
+             "OUT/replaced-<time>/, never mixed with the new run's).")] = False,
     allow_config_change: Annotated[
         bool, typer.Option(help="Resume even if the recipe's training settings differ from the checkpoint's.")
     ] = False,
@@ -161,9 +165,37 @@ def train(
     model = build_model(spec, data)
     trainer = Trainer(model, data, spec.trainer, out_dir=out, device=dev)
     try:
+        if not resume and _set_aside_previous_run(out, overwrite) and trainer.log is not None:
+            trainer.log = type(trainer.log)(out)  # a fresh log (and TensorBoard writer) in the emptied folder
         _train(trainer, spec, model, recipe, out, steps, resume, allow_config_change, progress)
     finally:
         trainer.close()
+
+
+RUN_FILES = ("checkpoint.pt", "log.jsonl", "model", "health.png", "tensorboard")
+"""What ``cebm train`` writes into OUT: a new run there must not mix with these."""
+
+
+def _set_aside_previous_run(out: Path, overwrite: bool) -> bool:
+    """A fresh run (--no-resume) in a folder holding another run: refuse, or with ``overwrite`` move its files aside."""
+    import time
+
+    present = [name for name in RUN_FILES if (out / name).exists()]
+    if not present:
+        return False
+    if not overwrite:
+        raise InvalidInputError(f"{out} holds another run ({', '.join(present)}); --no-resume starts a new run, so pass"
+                                " --overwrite to move those files to OUT/replaced-<time>/, or choose another --out")
+    aside = out / time.strftime("replaced-%Y%m%d-%H%M%S")
+    n = 0
+    while aside.exists():
+        n += 1
+        aside = out / (time.strftime("replaced-%Y%m%d-%H%M%S") + f"-{n}")
+    aside.mkdir()
+    for name in present:
+        os.replace(out / name, aside / name)
+    typer.echo(f"moved the previous run's {', '.join(present)} to {aside}")
+    return True
 
 
 def _train(trainer, spec, model, recipe: Path, out: Path, steps: int | None, resume: bool, allow_config_change: bool,

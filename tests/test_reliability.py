@@ -416,7 +416,35 @@ def test_a_corrupt_checkpoint_on_resume_names_the_file_and_the_way_out(tmp_path,
     assert (run / "checkpoint.pt").read_bytes() == content  # nothing overwritten
     assert not (run / ".lock").exists()  # the lock is released on failure
     result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--no-resume", "--steps", "1"])
+    _one_line_error(result, "holds another run (checkpoint.pt)", "--overwrite")  # a fresh start is asked for
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--no-resume", "--overwrite",
+                                 "--steps", "1"])
     assert result.exit_code == 0, result.output
+    (aside,) = run.glob("replaced-*")
+    assert (aside / "checkpoint.pt").read_bytes() == content  # kept aside, not destroyed
+
+
+def test_no_resume_on_a_finished_run_keeps_it_and_never_mixes_the_logs(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(TINY_RECIPE.format(name="x", attribute="color"))
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "4"]).exit_code == 0
+    before = {name: (run / name).read_bytes() for name in ("checkpoint.pt", "log.jsonl")}
+    model = (run / "model" / WEIGHTS_NAME).read_bytes()
+    steps_before = [r["step"] for r in read_log(run / "log.jsonl") if "step" in r and "event" not in r]
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--no-resume", "--steps", "2"])
+    _one_line_error(result, str(run), "holds another run (checkpoint.pt, log.jsonl, model", "--overwrite")
+    assert {name: (run / name).read_bytes() for name in before} == before  # refused: nothing touched
+    assert (run / "model" / WEIGHTS_NAME).read_bytes() == model
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--no-resume", "--overwrite",
+                                 "--steps", "2"])
+    assert result.exit_code == 0, result.output
+    (aside,) = run.glob("replaced-*")
+    assert {name: (aside / name).read_bytes() for name in before} == before
+    assert (aside / "model" / WEIGHTS_NAME).read_bytes() == model
+    steps_after = [r["step"] for r in read_log(run / "log.jsonl") if "step" in r and "event" not in r]
+    assert steps_before and steps_before[-1] == 4 and steps_after and steps_after[-1] == 2
+    assert steps_after == sorted(steps_after)  # the new log holds the new run only
 
 
 def test_a_checkpoint_of_another_model_names_the_file(tmp_path):

@@ -524,14 +524,14 @@ class Trainer:
             if not isinstance(saved, dict):
                 raise TypeError(f"trainer_config holds a {type(saved).__name__}")
         except (KeyError, TypeError, ValueError) as err:
-            raise ModelFileError(f"{path}: unreadable training settings; start fresh with --no-resume") from err
+            raise ModelFileError(f"{path}: unreadable training settings; start fresh with --no-resume --overwrite (the old files are kept aside) or another --out") from err
         changed = config_differences(saved, self.config.to_dict())
         changed = {k: v for k, v in changed.items() if k not in RESUMABLE_CHANGES}
         if changed and not allow_config_change:
             keys = ", ".join(f"{k} ({old!r} -> {new!r})" for k, (old, new) in sorted(changed.items()))
             raise InvalidInputError(
                 f"{path} was trained with other settings: {keys}; resume with the same recipe, start fresh"
-                " (--no-resume), or allow the change explicitly (--allow-config-change)"
+                " (--no-resume --overwrite keeps the old files aside), or allow the change explicitly (--allow-config-change)"
             )
         try:
             self._restore(state)
