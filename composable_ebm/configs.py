@@ -23,6 +23,13 @@ MAX_WIDTH = 8192
 must not make the loader allocate gigabytes before any weight is checked."""
 MAX_IMAGE_SIZE = 4096
 """Largest image side a network config may ask for."""
+MAX_ACTIVATION_ELEMENTS = 1 << 28
+"""Most activation elements one image may need in a network's forward pass (1 GiB in float32):
+bounds what a small config file can make the loader allocate when it probes the energy."""
+MAX_TOTAL_STEPS = 1 << 20
+"""Most Langevin steps one sampler config may ask for (``rounds * steps + final_steps``)."""
+MAX_BUFFER_ELEMENTS = 1 << 31
+"""Most elements a replay buffer may hold (8 GiB in float32)."""
 
 
 def check_attributes(owner: str, attributes: dict[str, tuple[str, ...]]) -> None:

@@ -504,3 +504,22 @@ def test_model_folders_checkpoints_and_plots_follow_the_users_umask(tmp_path):
         assert stat.S_IMODE((run / "model").stat().st_mode) == 0o755
     finally:
         os.umask(old)
+
+
+# --------------------------------------------------------------------------- configs that pass every type check
+def test_a_tiny_config_cannot_ask_for_gigabytes_of_activations_or_endless_sampling(tmp_path):
+    folder = _model_folder(tmp_path)
+    payload = json.loads((folder / CONFIG_NAME).read_text())
+    payload["config"].update(image_size=4096, stem_channels=64)
+    (folder / CONFIG_NAME).write_text(json.dumps(payload))
+    with pytest.raises(ModelFileError, match=r"config.json: ResNetConfig: image_size 4096 with stem_channels 64 .* activation elements per image; at most"):
+        load_model(folder)
+    with pytest.raises(InvalidInputError, match=r"= 17,592,186,044,416 Langevin steps; at most 1,048,576"):
+        SamplerConfig(steps=1 << 24, rounds=1 << 20)
+    SamplerConfig(steps=1000, rounds=1000)  # a million steps is still allowed
+    # the shipped and paper networks fit with room to spare
+    assert ResNetConfig.paper_128().activation_elements() < (1 << 28) // 4
+    with pytest.raises(InvalidInputError, match=r"TrainerConfig.buffer_size 16,777,216 of inputs \(3, 32, 32\) .* at most"):
+        Trainer(ResNetEnergy(ResNetConfig(image_size=32, stem_channels=8, groups=4, blocks=[], multiscale=False)),
+                torch.rand(4, 3, 32, 32),
+                TrainerConfig(buffer_size=1 << 24))

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composable_ebm.configs import MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_size
+from composable_ebm.configs import MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_size
 from composable_ebm.energy import Energy, Labels
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.layers import Norm, ResBlock, SelfAttention, Swish, conv
@@ -103,6 +103,31 @@ class ResNetConfig(JSONConfig):
         if self.norm not in ("group", "instance", "none"):
             raise InvalidInputError(f"unknown norm {self.norm!r}; valid choices: ['group', 'instance', 'none']")
         check_attributes("ResNetConfig", self.attributes)
+        needed = self.activation_elements()
+        if needed > MAX_ACTIVATION_ELEMENTS:
+            raise InvalidInputError(
+                f"ResNetConfig: image_size {self.image_size} with stem_channels {self.stem_channels} and these blocks"
+                f" needs {needed:,} activation elements per image; at most {MAX_ACTIVATION_ELEMENTS:,} (1 GiB in"
+                " float32): lower image_size or the channels")
+
+    def activation_elements(self) -> int:
+        """An upper estimate of the activation elements one image needs in a forward pass, every tower:
+        the stem's output, each residual block's two convolutions at its resolution, and each attention
+        block's (pixels x pixels) map and its input."""
+        total = 0
+        for i, scale in enumerate(self.scales):
+            side = max(1, self.image_size // scale)
+            width = self.stem_channels
+            total += side * side * width
+            for block in tower_blocks(self.blocks, drop_downs=i):
+                if block.kind == "attention":
+                    total += (side * side) ** 2 + 3 * side * side * width
+                    continue
+                width = block.channels
+                total += 2 * side * side * width
+                if block.down:
+                    side = max(1, side // 2)
+        return total
 
     @classmethod
     def paper_32(cls, **overrides) -> ResNetConfig:

@@ -13,7 +13,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from composable_ebm.configs import check_range, check_size
+from composable_ebm.configs import MAX_TOTAL_STEPS, check_range, check_size
+from composable_ebm.errors import InvalidInputError
 from composable_ebm.energy import Energy, Labels
 from composable_ebm.sampling.augment import AugmentConfig
 
@@ -63,6 +64,10 @@ class SamplerConfig:
             raise ValueError(
                 f"need steps >= 0, rounds >= 1, final_steps >= 0; got {self.steps}, {self.rounds}, {self.final_steps}"
             )
+        if self.total_steps > MAX_TOTAL_STEPS:
+            raise InvalidInputError(
+                f"SamplerConfig: rounds x steps + final_steps = {self.rounds} x {self.steps} + {self.final_steps}"
+                f" = {self.total_steps:,} Langevin steps; at most {MAX_TOTAL_STEPS:,}")
         if self.method not in ("langevin", "mala"):
             raise ValueError(f"unknown method {self.method!r}; valid choices: ['langevin', 'mala']")
         if self.precision not in ("float32", "bfloat16"):

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from composable_ebm.atomic import remove_stale_temporaries
-from composable_ebm.configs import JSONConfig, check_range, check_size
+from composable_ebm.configs import MAX_BUFFER_ELEMENTS, JSONConfig, check_range, check_size
 from composable_ebm.energy import NULL, Energy, Labels
 from composable_ebm.errors import InvalidInputError, ModelFileError
 from composable_ebm.images import as_float_images
@@ -291,6 +291,11 @@ class Trainer:
         self.ema = copy.deepcopy(self.energy).requires_grad_(False).eval()
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(self._seed(0))
+        elements = config.buffer_size * math.prod(energy.input_shape)
+        if elements > MAX_BUFFER_ELEMENTS:
+            raise InvalidInputError(
+                f"TrainerConfig.buffer_size {config.buffer_size:,} of inputs {tuple(energy.input_shape)} is {elements:,}"
+                f" elements ({4 * elements / 2**30:,.1f} GiB in float32); at most {MAX_BUFFER_ELEMENTS:,} (8 GiB)")
         self.buffer = ReplayBuffer(
             config.buffer_size, energy.input_shape, sorted(energy.attributes), self.device, config.buffer_policy
         )
