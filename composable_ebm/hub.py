@@ -81,9 +81,12 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
     """Write ``config.json``, ``model.safetensors`` (and ``README.md`` if a model card is given).
 
     The folder is replaced whole: other files in it are carried over, and a failure at any
-    point leaves the previous folder as it was.
+    point leaves the previous folder as it was. A symbolic link is followed: the folder it points
+    to is replaced and the link keeps pointing to it.
     """
     folder = Path(folder)
+    if folder.is_symlink():
+        folder = folder.resolve()
     payload: dict[str, Any] = {
         "model_type": _model_type(model),
         "config": config_to_dict(model.config),

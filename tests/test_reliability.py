@@ -523,3 +523,24 @@ def test_a_tiny_config_cannot_ask_for_gigabytes_of_activations_or_endless_sampli
         Trainer(ResNetEnergy(ResNetConfig(image_size=32, stem_channels=8, groups=4, blocks=[], multiscale=False)),
                 torch.rand(4, 3, 32, 32),
                 TrainerConfig(buffer_size=1 << 24))
+
+
+def test_saving_over_a_symlinked_model_folder_follows_the_link(tmp_path):
+    target = save_model(_mlp("v1"), tmp_path / "real")
+    link = tmp_path / "link"
+    link.symlink_to(target, target_is_directory=True)
+    _mlp("v2").save_pretrained(link)
+    assert link.is_symlink() and load_model(link).name == "v2" and load_model(target).name == "v2"
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "elsewhere" / "model", target_is_directory=True)
+    save_model(_mlp("v3"), dangling)
+    assert dangling.is_symlink() and load_model(tmp_path / "elsewhere" / "model").name == "v3"
+    # cebm train writing OUT/model when it is a link
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(TINY_RECIPE.format(name="x", attribute="color"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model").symlink_to(target, target_is_directory=True)
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "1"])
+    assert result.exit_code == 0, result.output
+    assert (run / "model").is_symlink() and load_model(target).name == "x"
