@@ -21,7 +21,10 @@ def shared_mode(directory: bool = False) -> int:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this id runs on this machine (someone else's counts)."""
+    """Whether a process with this id runs on this machine (someone else's counts). An id no
+    process can have (not in 1 .. 2^31 - 1, e.g. from a damaged lock file) is not alive."""
+    if not 0 < pid < 2**31:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -104,6 +104,9 @@ def _parse_bindings(items: list[str]) -> dict[str, str]:
             if "=" not in part:
                 raise typer.BadParameter(f"expected attr=value, got {part!r}")
             key, value = part.split("=", 1)
+            if key.strip() in out:
+                raise InvalidInputError(f"{key.strip()} is bound twice ({out[key.strip()]} and {value.strip()});"
+                                        " an attribute takes one value (for either, compose with |)")
             out[key.strip()] = value.strip()
     return out
 
@@ -254,10 +257,8 @@ def sample(
 
     Example: cebm sample shapes-color --condition color=blue -n 16 -o blue.png --method mala
     """
-    from composable_ebm.hub import load_model
-
     _check_outputs(n, output, chain)
-    energy = load_model(model, _device(device), refresh=refresh)
+    energy = _load_energy(model, _device(device), refresh)
     bindings = _parse_bindings(condition)
     if bindings:
         energy = energy.condition(**bindings)
@@ -302,6 +303,30 @@ def _check_outputs(n: int, output: Path, chain: Path | None) -> None:
     image_format(output)
     if chain is not None:
         image_format(chain)
+
+
+def _load_energy(name: str, device: torch.device, refresh: bool = False):
+    """A model that must be an energy (not a classifier)."""
+    from composable_ebm.energy import Energy
+    from composable_ebm.hub import load_model
+
+    model = load_model(name, device, refresh=refresh)
+    if not isinstance(model, Energy):
+        raise InvalidInputError(f"{name} is {_a(type(model).__name__)}, not an energy; sample, compose and eval ood"
+                                " take energy models")
+    return model
+
+
+def _load_classifier(name: str, device: torch.device, refresh: bool = False):
+    """A model that must be an attribute classifier."""
+    from composable_ebm.evaluation import AttributeClassifier
+    from composable_ebm.hub import load_model
+
+    model = load_model(name, device, refresh=refresh)
+    if not isinstance(model, AttributeClassifier):
+        raise InvalidInputError(f"--classifier {name} is {_a(type(model).__name__)}, not an attribute classifier"
+                                " (e.g. shapes-classifier)")
+    return model
 
 
 def _load_expression(expression: str, device: torch.device, refresh: bool = False):
@@ -403,12 +428,11 @@ def eval_compose(
     Example: cebm eval compose "shapes-color[color=red] + shapes-shape[shape=circle]" --classifier shapes-classifier -t color=red -t shape=circle
     """
     from composable_ebm.evaluation import compositional_accuracy
-    from composable_ebm.hub import load_model
     from composable_ebm.sampling import sample as run_sampler
 
     dev = _device(device)
     energy = _load_expression(expression, dev, refresh)
-    clf = load_model(classifier, dev, refresh=refresh)
+    clf = _load_classifier(classifier, dev, refresh)
     samples = run_sampler(energy, n, seed=seed, progress=True, **_overrides(steps, rounds, step_size, None)).samples
     score = compositional_accuracy(samples, clf, _parse_bindings(target))
     typer.echo(json.dumps({"expression": energy.expression(), "n": score.n, "per_attribute": score.per_attribute,
@@ -477,9 +501,8 @@ def eval_ood(
 
     from composable_ebm.data import digits, shapes
     from composable_ebm.evaluation import ood_auroc
-    from composable_ebm.hub import load_model
 
-    energy = load_model(model, _device(device))
+    energy = _load_energy(model, _device(device))
     c, h, w = energy.input_shape
 
     def images(name: str, offset: int) -> torch.Tensor:
@@ -499,3 +522,8 @@ def eval_ood(
 
 if __name__ == "__main__":  # `python -m composable_ebm.cli`, e.g. under torchrun
     app()
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article."""
+    return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"

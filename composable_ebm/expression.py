@@ -139,13 +139,20 @@ class _Parser:
             except ValueError as err:
                 raise InvalidInputError(f"in {self.text!r}: {err}") from err
         if name not in self.cache:
-            self.cache[name] = self.load(name)
+            loaded = self.load(name)
+            if not isinstance(loaded, Energy):
+                raise InvalidInputError(f"in {self.text!r}: {name} is {_a(type(loaded).__name__)}, not an energy;"
+                                        " only energy models compose")
+            self.cache[name] = loaded
         energy = self.cache[name]
         if self.at("["):
             self.take("[")
             bindings: dict[str, str] = {}
             while True:
                 attr = self.take(kind="name")
+                if attr in bindings:
+                    raise InvalidInputError(f"in {self.text!r}: {attr} is bound twice in [{attr}={bindings[attr]},"
+                                            f" {attr}=...]; an attribute takes one value (for either, use |)")
                 self.take("=")
                 tok = self.peek()
                 bindings[attr] = self.take(kind="number" if tok is not None and tok[0] == "number" else "name")
@@ -165,3 +172,8 @@ def parse_expression(text: str, load: Callable[[str], Energy]) -> Energy:
     if len(text) > MAX_LENGTH:
         raise InvalidInputError(f"expression of {len(text)} characters; at most {MAX_LENGTH}")
     return _Parser(text, load).parse()
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article."""
+    return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"

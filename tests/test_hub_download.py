@@ -80,7 +80,7 @@ def test_a_download_lands_in_the_hub_cache_layout_and_loads_offline_after(hub, m
     assert load_model("someorg/toy").name == "v1"
     sha = hub.repos["someorg/toy"].branches["main"]
     files = _cache_files(hub)
-    assert f"models--someorg--toy/refs/main" in files
+    assert "models--someorg--toy/refs/main" in files
     assert {f"models--someorg--toy/snapshots/{sha}/{n}" for n in (CONFIG_NAME, WEIGHTS_NAME)} <= set(files)
     assert not [f for f in files if "incomplete" in f or f.endswith(".tmp")]
     weights = hub.cache / f"models--someorg--toy/snapshots/{sha}/{WEIGHTS_NAME}"

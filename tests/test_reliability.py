@@ -544,3 +544,36 @@ def test_saving_over_a_symlinked_model_folder_follows_the_link(tmp_path):
     result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "1"])
     assert result.exit_code == 0, result.output
     assert (run / "model").is_symlink() and load_model(target).name == "x"
+
+
+def test_type_confusions_and_damaged_small_files_are_one_line(tmp_path):
+    classifier = "shapes-classifier"
+    _one_line_error(runner.invoke(app, ["sample", classifier, "-n", "1", "-o", str(tmp_path / "s.png")]),
+                    "shapes-classifier is an AttributeClassifier, not an energy")
+    _one_line_error(runner.invoke(app, ["compose", f"{classifier} + shapes-color[color=red]", "-n", "1",
+                                        "-o", str(tmp_path / "s.png")]), "not an energy; only energy models compose")
+    _one_line_error(runner.invoke(app, ["eval", "ood", classifier, "--in", "shapes", "--out", "noise", "-n", "4"]),
+                    "not an energy")
+    _one_line_error(runner.invoke(app, ["eval", "compose", "shapes-color[color=red]", "--classifier", "shapes-color",
+                                        "-t", "color=red", "-n", "1"]), "--classifier shapes-color is a ResNetEnergy")
+    # an attribute bound twice draws neither silently
+    with pytest.raises(InvalidInputError, match="color is bound twice"):
+        parse_expression("shapes-color[color=red,color=blue]", cebm.load)
+    _one_line_error(runner.invoke(app, ["sample", "shapes-color", "-c", "color=red", "-c", "color=blue", "-n", "1",
+                                        "-o", str(tmp_path / "s.png")]), "color is bound twice (red and blue)")
+    # a log line that is JSON but not a record, on resume and in plot
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(TINY_RECIPE.format(name="x", attribute="color"))
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "2"]).exit_code == 0
+    with open(run / "log.jsonl", "a") as f:
+        f.write("42\n")
+    _one_line_error(runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "3"]),
+                    "log.jsonl, line", "not a log record", "remove the line")
+    _one_line_error(runner.invoke(app, ["plot", str(run), "-o", str(tmp_path / "h.png")]), "not a log record")
+    # a lock naming a process id no process can have is stale, not an OverflowError
+    lines = (run / "log.jsonl").read_text().splitlines()[:-1]
+    (run / "log.jsonl").write_text("".join(line + "\n" for line in lines))
+    (run / ".lock").write_text(json.dumps({"pid": 10**20, "host": socket.gethostname()}))
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "3"])
+    assert result.exit_code == 0, result.output

@@ -13,6 +13,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from composable_ebm.errors import ModelFileError
+
 LOG_NAME = "log.jsonl"
 
 
@@ -27,12 +29,16 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
     records = []
     for i, line in enumerate(lines):
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as err:
             if i == len(lines) - 1:  # the last write was cut short; everything before it is intact
                 warnings.warn(f"{path}: dropped a torn last line ({err.msg})", stacklevel=2)
                 break
-            raise ValueError(f"{path}, line {i + 1}: not a JSON record ({err.msg})") from err
+            raise ModelFileError(f"{path}, line {i + 1}: not a JSON record ({err.msg}); remove the line") from err
+        if not isinstance(record, dict) or not isinstance(record.get("step", record.get("to_step", 0)), int):
+            raise ModelFileError(f"{path}, line {i + 1}: not a log record (a JSON object with an integer step),"
+                                 f" got {line.strip()[:60]!r}; remove the line")
+        records.append(record)
     return records
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
