@@ -94,12 +94,25 @@ def save_chain_strip(chain: Tensor, path: str | Path, max_chains: int = 8) -> Pa
     return save_image(chain_strip(chain, max_chains), path)
 
 
+def bomb_message(err: Exception) -> str:
+    """PIL's decompression-bomb refusal in one line: the image's pixels and the limit."""
+    import re
+
+    m = re.search(r"\((\d+) pixels\) exceeds limit of (\d+) pixels", str(err))
+    if m is None:
+        return f"too large to decode ({' '.join(str(err).split())[:120]})"
+    return (f"{int(m.group(1)):,} pixels, more than the {int(m.group(2)):,} an image may have"
+            " (PIL's decompression-bomb limit, Image.MAX_IMAGE_PIXELS x 2)")
+
+
 def load_image_folder(folder: str | Path, size: int | None = None, limit: int | None = None) -> Tensor:
     """The images of a folder (``IMAGE_FORMATS`` suffixes, sorted by name) as RGB floats ``(N, 3, H, W)`` in
     ``[0, 1]``, resized to ``size`` x ``size`` when given (else all must share the first one's size)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InvalidInputError(f"no image folder at {folder}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidInputError(f"limit must be a positive number of images, got {limit!r}")
     paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_FORMATS)[:limit]
     if not paths:
         raise InvalidInputError(f"{folder} holds no images; valid suffixes: {sorted(IMAGE_FORMATS)}")
@@ -112,6 +125,8 @@ def load_image_folder(folder: str | Path, size: int | None = None, limit: int | 
                     image = image.resize((size, size), Image.BILINEAR)
                 array = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
                 out.append(array.view(image.height, image.width, 3).permute(2, 0, 1))
+        except Image.DecompressionBombError as err:
+            raise InvalidInputError(f"{path}: {bomb_message(err)}") from err
         except OSError as err:
             raise InvalidInputError(f"{path}: not a readable image ({err})") from err
         if out[-1].shape != out[0].shape:

@@ -577,3 +577,63 @@ def test_type_confusions_and_damaged_small_files_are_one_line(tmp_path):
     (run / ".lock").write_text(json.dumps({"pid": 10**20, "host": socket.gethostname()}))
     result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "3"])
     assert result.exit_code == 0, result.output
+
+
+def test_unsafe_advice_and_unbounded_images_and_nameless_messages(tmp_path, monkeypatch):
+    from PIL import Image
+
+    # a .pth holding pickled objects: one line, and never the advice to unpickle it
+    bad = tmp_path / "f.pth"
+    torch.save({"net": torch.nn.Linear(2, 2)}, bad)
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(folder / "a.png")
+    line = _one_line_error(runner.invoke(app, ["eval", "fid", str(folder), str(folder), "--features", str(bad)]),
+                           str(bad), "pickled Python objects")
+    assert "weights_only" not in line
+    # a decompression bomb names the file and the limit
+    bomb = tmp_path / "bomb"
+    bomb.mkdir()
+    Image.new("1", (14000, 14000)).save(bomb / "big.png")
+    _one_line_error(runner.invoke(app, ["eval", "fid", str(bomb), str(folder), "--features", "shapes-classifier"]),
+                    "big.png: 196,000,000 pixels, more than the", "decompression-bomb limit")
+    _one_line_error(runner.invoke(app, ["eval", "fid", str(folder), str(folder), "--features", "shapes-classifier",
+                                        "--limit", "-1"]), "limit must be a positive number of images, got -1")
+    # seeds out of range name the option's range
+    _one_line_error(runner.invoke(app, ["sample", "shapes-color", "-c", "color=red", "-n", "1", "--seed", str(2**64),
+                                        "-o", str(tmp_path / "s.png")]), "seed must be an integer in [0, 2^63 - 1]")
+    # text files that are not UTF-8, and attribute tables with a bad count line, name the file
+    from composable_ebm.data.datasets import read_attribute_table
+
+    table = tmp_path / "list_attr_celeba.txt"
+    table.write_bytes(b"\xff\xfe2\nYoung\na.jpg 1\n")
+    with pytest.raises(InvalidInputError, match=r"list_attr_celeba.txt: not UTF-8 text \(byte 0\)"):
+        read_attribute_table(table)
+    table.write_text("two\nYoung\na.jpg 1\n")
+    with pytest.raises(InvalidInputError, match=r"list_attr_celeba.txt:1: the first line is the number of images"):
+        read_attribute_table(table)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_bytes(b'{"step": 1}\n\xff\n')
+    _one_line_error(runner.invoke(app, ["plot", str(run), "-o", str(tmp_path / "h.png")]), "log.jsonl: not UTF-8 text")
+
+
+def test_a_checkpoint_write_that_fails_midway_is_one_line_and_keeps_the_previous(tmp_path, monkeypatch):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(TINY_RECIPE.format(name="x", attribute="color"))
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "2"]).exit_code == 0
+    before = (run / "checkpoint.pt").read_bytes()
+    real_save = torch.save
+
+    def disk_full(obj, f, *args, **kwargs):  # what torch's zip writer says when the disk fills mid-write
+        real_save({"partial": torch.zeros(10)}, f)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file"
+                           " data/0: file write failed")
+
+    monkeypatch.setattr("composable_ebm.training.checkpoint.torch.save", disk_full)
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "4"])
+    line = _one_line_error(result, "could not write", "checkpoint.pt", "file write failed", "disk full", code=1)
+    assert "enforce fail" not in line
+    assert (run / "checkpoint.pt").read_bytes() == before
+    assert not list(run.glob(".checkpoint.pt.*.tmp"))

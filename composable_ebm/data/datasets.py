@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from composable_ebm.energy import value_index
-from composable_ebm.images import as_float_images
+from composable_ebm.errors import InvalidInputError
+from composable_ebm.images import as_float_images, bomb_message
 
 
 @dataclass
@@ -171,20 +172,26 @@ def read_attribute_table(path: str | Path) -> tuple[list[str], dict[str, Tensor]
     Line 1: the number of images; line 2: attribute names; then ``file v1 v2 ...`` with
     values ``1`` / ``-1``. Returns the file names and ``{attribute: bool tensor}``.
     """
-    lines = [line.split() for line in Path(path).read_text().splitlines() if line.strip()]
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidInputError(f"{path}: not UTF-8 text (byte {err.start}); an attribute table is plain text") from err
+    lines = [line.split() for line in text.splitlines() if line.strip()]
     if len(lines) < 2:
-        raise ValueError(f"{path}: an attribute table needs a count line and a names line")
+        raise InvalidInputError(f"{path}: an attribute table needs a count line and a names line")
+    if not lines[0][0].isdigit():
+        raise InvalidInputError(f"{path}:1: the first line is the number of images, got {lines[0][0][:40]!r}")
     count, names = int(lines[0][0]), lines[1]
     rows = lines[2:]
     if len(rows) != count:
-        raise ValueError(f"{path}: header says {count} images, found {len(rows)} rows")
+        raise InvalidInputError(f"{path}: header says {count} images, found {len(rows)} rows")
     files, values = [], []
     for i, row in enumerate(rows, start=3):
         if len(row) != len(names) + 1:
-            raise ValueError(f"{path}:{i}: expected a file name and {len(names)} values, got {len(row)} fields")
+            raise InvalidInputError(f"{path}:{i}: expected a file name and {len(names)} values, got {len(row)} fields")
         bad = [v for v in row[1:] if v not in ("1", "-1")]
         if bad:
-            raise ValueError(f"{path}:{i}: attribute values must be 1 or -1, got {bad[0]!r}")
+            raise InvalidInputError(f"{path}:{i}: attribute values must be 1 or -1, got {bad[0][:40]!r}")
         files.append(row[0])
         values.append([v == "1" for v in row[1:]])
     table = torch.tensor(values, dtype=torch.bool).reshape(len(rows), len(names))
@@ -232,7 +239,11 @@ def attribute_folder(
         path = root / name
         if not path.is_file():
             raise FileNotFoundError(f"{table_path} lists {name!r}, but {path} does not exist")
-        with Image.open(path) as im:
+        try:
+            im = Image.open(path)
+        except Image.DecompressionBombError as err:
+            raise InvalidInputError(f"{path}: {bomb_message(err)}") from err
+        with im:
             im = im.convert("RGB")
             side = min(im.size)
             left, top = (im.width - side) // 2, (im.height - side) // 2

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composable_ebm.energy import Energy, Labels
+from composable_ebm.errors import ModelFileError
 from composable_ebm.images import as_float_images
 
 FeatureFn = Callable[[Tensor], Tensor]
@@ -169,7 +170,14 @@ class InceptionV3Features(nn.Module):
 
             state = load_file(path)
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            from composable_ebm.training.checkpoint import CORRUPT_FILE_ERRORS, load_failure_reason
+
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            except CORRUPT_FILE_ERRORS as err:
+                raise ModelFileError(f"{path}: not a readable weights file ({load_failure_reason(err)})") from err
+            if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+                raise ModelFileError(f"{path}: holds {type(state).__name__}, not a dict of weight tensors")
         has_aux = any(k.startswith("AuxLogits.") for k in state)
         self.net = inception_v3(weights=None, aux_logits=has_aux, init_weights=False)
         self.net.load_state_dict(state, strict=True)

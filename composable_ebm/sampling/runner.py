@@ -8,6 +8,7 @@ The runner takes the energy per call and holds no model.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,8 @@ def make_generator(seed: int | None, generator: torch.Generator | None, device: 
     if seed is None:
         gen.seed()
     else:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**63:
+            raise InvalidInputError(f"seed must be an integer in [0, 2^63 - 1], got {seed!r}")
         gen.manual_seed(int(seed))
     return gen
 

@@ -17,7 +17,11 @@ import numpy as np
 import torch
 
 from composable_ebm.atomic import write_atomic
-from composable_ebm.errors import ModelFileError
+from composable_ebm.errors import ModelFileError, RunFailure
+
+
+class CheckpointWriteError(RunFailure, OSError):
+    """A checkpoint could not be written (full or read-only disk); the previous one is kept."""
 
 CORRUPT_FILE_ERRORS = (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError, IndexError, OverflowError,
                        AttributeError, AssertionError, pickle.UnpicklingError)
@@ -26,8 +30,26 @@ unpickler and tensor rebuilding each fail in their own way."""
 
 
 def save_atomic(payload: dict[str, Any], path: str | Path) -> Path:
-    """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``."""
-    return write_atomic(path, lambda tmp: torch.save(payload, tmp))
+    """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``.
+
+    A failed write (a full disk: torch's zip writer says "[enforce fail at inline_container.cc] ...
+    file write failed") is one line naming the file; the previous checkpoint is left as it was."""
+    try:
+        return write_atomic(path, lambda tmp: torch.save(payload, tmp))
+    except (RuntimeError, OSError) as err:
+        text = " ".join(str(err).split())
+        reason = text.split("] ", 1)[-1] if text.startswith("[enforce fail") else text
+        raise CheckpointWriteError(f"could not write {path} ({reason[:160] or type(err).__name__}): is the disk full"
+                                   " or read-only? The previous checkpoint is kept") from err
+
+
+def load_failure_reason(err: BaseException) -> str:
+    """Why ``torch.load(..., weights_only=True)`` refused a file, in a few words and without torch's
+    advice to load it with ``weights_only=False`` (which would run code from the file)."""
+    if isinstance(err, pickle.UnpicklingError):
+        return "it holds pickled Python objects other than tensors, and nothing else is unpickled here"
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text[:160]
 
 
 def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
@@ -40,8 +62,8 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except CORRUPT_FILE_ERRORS as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelFileError(f"{path} is not a readable checkpoint ({reason[:160]}); start fresh with --no-resume") from err
+        raise ModelFileError(f"{path} is not a readable checkpoint ({load_failure_reason(err)}); start fresh with"
+                             " --no-resume --overwrite") from err
     if not isinstance(state, dict):
         raise ModelFileError(f"{path} holds a {type(state).__name__}, not a checkpoint; start fresh with --no-resume")
     return state

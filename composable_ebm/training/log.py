@@ -25,7 +25,11 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
         path = path / LOG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no training log at {path}")
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ModelFileError(f"{path}: not UTF-8 text (byte {err.start}); a training log is JSON lines") from err
+    lines = [line for line in text.splitlines() if line.strip()]
     records = []
     for i, line in enumerate(lines):
         try:

@@ -142,6 +142,7 @@ class TrainerConfig(JSONConfig):
         owner = "TrainerConfig"
         check_range(owner, "ema_decay", self.ema_decay, 0.0, 1.0, high_open=True)
         check_range(owner, "reinit_prob", self.reinit_prob, 0.0, 1.0)
+        check_size(owner, "seed", self.seed, low=0, high=2**62)  # rollbacks and ranks add offsets to it
         check_range(owner, "label_dropout", self.label_dropout, 0.0, 1.0, high_open=True)
         check_range(owner, "lr", self.lr, 0.0, low_open=True)
         for i, beta in enumerate(self.betas):
