@@ -119,6 +119,8 @@ def _overrides(steps: int | None, rounds: int | None, step_size: float | None, p
             noise = float(noise)
         except ValueError:
             raise InvalidInputError(f"--noise must be a number or 'exact', got {noise!r}") from None
+    if steps is not None and steps < 1:
+        raise InvalidInputError(f"--steps must be >= 1 (with 0 the samples are the starting noise), got {steps}")
     given = {"steps": steps, "rounds": rounds, "step_size": step_size, "precision": precision, "method": method,
              "noise": noise}
     return {k: v for k, v in given.items() if v is not None}
@@ -303,6 +305,8 @@ def _check_outputs(n: int, output: Path, chain: Path | None) -> None:
     image_format(output)
     if chain is not None:
         image_format(chain)
+        if chain.resolve() == output.resolve():
+            raise InvalidInputError(f"--chain and --output are both {output}; the chain strip would replace the grid")
 
 
 def _load_energy(name: str, device: torch.device, refresh: bool = False):

@@ -107,6 +107,8 @@ class _Parser:
         tok = self.peek()
         if tok is not None and tok[0] == "number":
             weight = float(self.take())
+            if weight == 0:
+                raise InvalidInputError(f"in {self.text!r}: a weight of 0 removes its term; leave the term out instead")
             self.take("*")
             self.enter()
             result = weight * self.product()
@@ -116,6 +118,9 @@ class _Parser:
         while self.at("*") or self.at("/"):
             op = self.take()
             number = float(self.take(kind="number"))
+            if number == 0:
+                raise InvalidInputError(f"in {self.text!r}: {op} 0 " + ("removes its term; leave the term out instead"
+                                        if op == "*" else "is no temperature; T must be > 0"))
             result = result * number if op == "*" else result / number
         return result
 

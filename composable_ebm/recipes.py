@@ -109,6 +109,9 @@ def _model_config(model_type: str, settings: dict[str, Any]) -> MLPConfig | ResN
     settings = dict(settings)
     if model_type == "mlp":
         return config_from_dict(MLPConfig, settings)
+    if "preset" not in settings and "blocks" not in settings:
+        raise InvalidInputError(f"the recipe's [model] table names no network: give a preset (one of {sorted(PRESETS)})"
+                                " or a blocks table (see recipes/shapes-base.toml)")
     preset = settings.pop("preset", None)
     if preset is not None and preset not in PRESETS:
         raise InvalidInputError(f"unknown preset {preset!r}; valid choices: {sorted(PRESETS)}")

@@ -637,3 +637,27 @@ def test_a_checkpoint_write_that_fails_midway_is_one_line_and_keeps_the_previous
     assert "enforce fail" not in line
     assert (run / "checkpoint.pt").read_bytes() == before
     assert not list(run.glob(".checkpoint.pt.*.tmp"))
+
+
+def test_inputs_that_used_to_give_silent_wrong_results_are_refused(tmp_path):
+    out = tmp_path / "a.png"
+    _one_line_error(runner.invoke(app, ["sample", "shapes-color", "-c", "color=red", "-n", "1", "-o", str(out),
+                                        "--chain", str(out)]), "the chain strip would replace the grid")
+    assert not out.exists()
+    for key, value, needle in (("blur_sigma", "[0.0, 0.0]", "blur_sigma must satisfy 0 < low"),
+                               ("color_strength", "nan", "color_strength must be a number in [0, 16], got nan")):
+        recipe = tmp_path / f"{key}.toml"
+        recipe.write_text(TINY_RECIPE.format(name="x", attribute="color") + f"\n[trainer.chain_augment]\n{key} = {value}\n")
+        with pytest.raises(CebmError, match=re.escape(needle)):
+            load_recipe(recipe)
+    empty = tmp_path / "empty.toml"
+    empty.write_text("[data]\ndataset = \"shapes\"\nn = 64\nsize = 16\n")
+    result = runner.invoke(app, ["train", str(empty), "--out", str(tmp_path / "run"), "--no-progress", "--steps", "1"])
+    _one_line_error(result, "[model] table names no network", "preset")
+    for text, needle in (("0 * shapes-color[color=red]", "a weight of 0 removes its term"),
+                         ("shapes-color[color=red] * 0", "* 0 removes its term"),
+                         ("shapes-color[color=red] / 0", "/ 0 is no temperature")):
+        with pytest.raises(InvalidInputError, match=re.escape(needle)):
+            parse_expression(text, cebm.load)
+    _one_line_error(runner.invoke(app, ["compose", "shapes-color[color=red]", "-n", "1", "--steps", "0",
+                                        "-o", str(out)]), "--steps must be >= 1")

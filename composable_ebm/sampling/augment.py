@@ -68,11 +68,14 @@ class AugmentConfig:
             raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
         if not 0.0 < self.crop_ratio[0] <= self.crop_ratio[1]:
             raise ValueError(f"crop_ratio must satisfy 0 < low <= high, got {self.crop_ratio}")
-        if self.color_strength < 0:
-            raise ValueError(f"color_strength must be >= 0, got {self.color_strength}")
+        if not 0.0 <= self.color_strength <= 16.0:  # also refuses nan, which switched jitter off silently
+            raise ValueError(f"color_strength must be a number in [0, 16], got {self.color_strength}")
+        lo, hi = self.blur_sigma
+        if not 0.0 < lo <= hi <= 64.0:  # a zero sigma makes every blurred sample fail in kornia
+            raise ValueError(f"blur_sigma must satisfy 0 < low <= high <= 64, got {self.blur_sigma}")
         for name in ("brightness", "contrast", "saturation"):
             v = getattr(self, name)
-            if v is not None and not 0.0 <= v <= 1.0:
+            if v is not None and not 0.0 <= v <= 1.0:  # nan fails too
                 raise ValueError(f"{name} must be in [0, 1] (factor range [1 - v, 1 + v]), got {v}")
         if self.hue is not None and not 0.0 <= self.hue <= 0.5:
             raise ValueError(f"hue must be in [0, 0.5] (a shift of at most half a turn), got {self.hue}")
