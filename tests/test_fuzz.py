@@ -184,3 +184,75 @@ def test_corrupted_model_folders_recipes_and_checkpoints_load_or_raise_the_libra
     assert 0 < loaded < total  # the corruptions are neither all harmless nor all fatal
     with capsys.disabled():
         print(f"\nfuzz (seed {seed}): {total} corrupted files; " + "; ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+
+
+REVISION_PIECES = ["..", "/", "\\", "\x00", "\x1f", "\x7f", "~", "^", ":", "?", "*", "[", " ", "@{", "@", ".", ".lock",
+                   "main", "v1", "refs", "pr", "é", "🙂", "a" * 300, "%2e%2e", "victim.txt"]
+
+
+@pytest.mark.filterwarnings("ignore:.*dropped a torn last line")
+def test_new_families_load_or_raise_the_librarys_error(tmp_path, originals, monkeypatch, capsys):
+    """Revisions and names as a remote or a user might send them, configs that ask for huge activations or
+    endless sampling, symlinked files, damaged log lines: each a one-line CebmError or a clean result."""
+    from huggingface_hub import constants
+
+    from composable_ebm.training.log import read_log
+
+    rng = random.Random(5)
+    outcomes: Counter = Counter()
+    peak_before = _peak_mb()
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # nothing leaves the machine; the cache answers or not
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    # 1. revisions and repository names
+    for _ in range(150):
+        revision = "".join(rng.choice(REVISION_PIECES) for _ in range(rng.randint(1, 4)))
+        name = rng.choice(["someorg/toy", "someorg/../toy", "../../x/y", "a/b/c", "someorg/" + "x" * 200, "org/na me"])
+        _expect_clean(lambda: load_model(f"{name}@{revision}"), outcomes, "revision")
+    assert victim.read_text() == "keep" and not [p for p in tmp_path.rglob("*") if p.is_file() and p != victim
+                                                and "cache" not in p.parts]
+    # 2. configs that ask for huge activations or sampler work
+    config = json.loads((originals["resnet"] / CONFIG_NAME).read_text())
+    weights = (originals["resnet"] / WEIGHTS_NAME).read_bytes()
+    for i in range(60):
+        payload = json.loads(json.dumps(config))
+        if i % 2:
+            payload["config"]["image_size"] = rng.choice([16, 64, 1024, 2048, 4096])
+            payload["config"]["stem_channels"] = rng.choice([4, 64, 512, 8192])
+        else:
+            payload["sampler"] = {"step_size": 1.0, "noise": 0.01, "steps": rng.choice([0, 1, 2**10, 2**20, 2**24]),
+                                  "rounds": rng.choice([1, 2**10, 2**20]), "final_steps": rng.choice([0, 2**24])}
+        folder = tmp_path / f"big{i}"
+        folder.mkdir()
+        (folder / CONFIG_NAME).write_text(json.dumps(payload))
+        (folder / WEIGHTS_NAME).write_bytes(weights)
+        _expect_clean(lambda folder=folder: load_model(folder), outcomes, "size config")
+    # 3. symlinks: a linked folder, files linked to a folder, /dev/null, nowhere, or themselves
+    targets = {"folder": originals["resnet"], "dir": tmp_path, "null": "/dev/null", "nowhere": tmp_path / "nowhere",
+               "loop": None}
+    for i, (kind, target) in enumerate(targets.items()):
+        for linked in (CONFIG_NAME, WEIGHTS_NAME, "."):
+            folder = tmp_path / f"link{i}{linked.replace('.', '_')}"
+            if linked == ".":
+                folder.symlink_to(target if target is not None else folder, target_is_directory=True)
+            else:
+                folder.mkdir()
+                for name in (CONFIG_NAME, WEIGHTS_NAME):
+                    if name != linked:
+                        (folder / name).write_bytes((originals["resnet"] / name).read_bytes())
+                (folder / linked).symlink_to(target if target is not None else folder / linked)
+            _expect_clean(lambda folder=folder: load_model(folder), outcomes, f"symlink ({kind})")
+    # 4. damaged log lines
+    pieces = ['{"step": 1, "e_diff": 0.1}', "42", '"text"', "[1, 2]", "{}", '{"step": "x"}', '{"step": 1.5}', "null",
+              '{"event": "fault", "step": 2}', "\xff", "{", '{"step": 3', "", "   "]
+    for i in range(80):
+        path = tmp_path / f"log{i}.jsonl"
+        path.write_text("\n".join(rng.choice(pieces) for _ in range(rng.randint(1, 6))) + "\n", encoding="utf-8",
+                        errors="surrogateescape")
+        _expect_clean(lambda path=path: read_log(path), outcomes, "log")
+    assert _peak_mb() - peak_before < 500
+    assert outcomes["size config: loaded"] > 0 and outcomes["size config: ModelFileError"] > 0
+    with capsys.disabled():
+        print("\nfuzz (new families): " + "; ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
