@@ -4,30 +4,77 @@ Implements "Improved Contrastive Divergence Training of Energy-Based Models"
 (Du, Li, Tenenbaum, Mordatch, ICML 2021).
 """
 
+from __future__ import annotations
+
 __version__ = "0.1.0"
 
-from composable_ebm.analytic import GaussianEnergy
-from composable_ebm.energy import NULL, Conditioned, Disjunction, Energy, Guided, Labels, WeightedSum, guided
-from composable_ebm.nets import BlockSpec, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
-from composable_ebm.sampling import AugmentConfig, SampleResult, SamplerConfig, sample
-from composable_ebm.training import ReplayBuffer, Trainer, TrainerConfig, TrainingDiverged
-from composable_ebm.data import ImageDataset, attribute_folder, cifar10, digits, shapes
-from composable_ebm.evaluation import (
-    AttributeClassifier,
-    ClassifierConfig,
-    InceptionV3Features,
-    auroc,
-    compositional_accuracy,
-    fid,
-    inception_score,
-    ood_auroc,
-    plot_training_health,
-    train_classifier,
-)
-from composable_ebm.images import chain_strip, image_grid, save_chain_strip, save_image_grid
-from composable_ebm.hub import load_model as load
-from composable_ebm.hub import push_to_hub as push
-from composable_ebm.hub import save_model as save
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names are imported on first use (PEP 562), so `import composable_ebm.errors` or `cebm --help`
+# does not pay for torch; `from composable_ebm import X` and `composable_ebm.X` work as usual.
+_EXPORTS = {
+    "GaussianEnergy": "composable_ebm.analytic",
+    **dict.fromkeys(["NULL", "Conditioned", "Disjunction", "Energy", "Guided", "Labels", "WeightedSum", "guided"],
+                    "composable_ebm.energy"),
+    **dict.fromkeys(["BlockSpec", "MLPConfig", "MLPEnergy", "ResNetConfig", "ResNetEnergy"], "composable_ebm.nets"),
+    **dict.fromkeys(["AugmentConfig", "SampleResult", "SamplerConfig", "sample"], "composable_ebm.sampling"),
+    **dict.fromkeys(["ReplayBuffer", "Trainer", "TrainerConfig", "TrainingDiverged"], "composable_ebm.training"),
+    **dict.fromkeys(["ImageDataset", "attribute_folder", "cifar10", "digits", "shapes"], "composable_ebm.data"),
+    **dict.fromkeys(["AttributeClassifier", "ClassifierConfig", "InceptionV3Features", "auroc", "compositional_accuracy",
+                     "fid", "inception_score", "ood_auroc", "plot_training_health", "train_classifier"],
+                    "composable_ebm.evaluation"),
+    **dict.fromkeys(["chain_strip", "image_grid", "save_chain_strip", "save_image_grid"], "composable_ebm.images"),
+    **dict.fromkeys(["list_models"], "composable_ebm.hub"),
+}
+_RENAMED = {"load": ("composable_ebm.hub", "load_model"), "push": ("composable_ebm.hub", "push_to_hub"),
+            "save": ("composable_ebm.hub", "save_model")}
+_SUBMODULES = {"analytic", "atomic", "cli", "configs", "data", "energy", "errors", "evaluation", "expression", "hub",
+               "images", "model_cards", "nets", "recipes", "sampling", "training"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _RENAMED:
+        module, attr = _RENAMED[name]
+        value = getattr(importlib.import_module(module), attr)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"composable_ebm.{name}")
+    else:
+        raise AttributeError(f"module 'composable_ebm' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | set(_RENAMED) | _SUBMODULES)
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from composable_ebm.analytic import GaussianEnergy
+    from composable_ebm.data import ImageDataset, attribute_folder, cifar10, digits, shapes
+    from composable_ebm.energy import NULL, Conditioned, Disjunction, Energy, Guided, Labels, WeightedSum, guided
+    from composable_ebm.evaluation import (
+        AttributeClassifier,
+        ClassifierConfig,
+        InceptionV3Features,
+        auroc,
+        compositional_accuracy,
+        fid,
+        inception_score,
+        ood_auroc,
+        plot_training_health,
+        train_classifier,
+    )
+    from composable_ebm.hub import list_models
+    from composable_ebm.hub import load_model as load
+    from composable_ebm.hub import push_to_hub as push
+    from composable_ebm.hub import save_model as save
+    from composable_ebm.images import chain_strip, image_grid, save_chain_strip, save_image_grid
+    from composable_ebm.nets import BlockSpec, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
+    from composable_ebm.sampling import AugmentConfig, SampleResult, SamplerConfig, sample
+    from composable_ebm.training import ReplayBuffer, Trainer, TrainerConfig, TrainingDiverged
 
 __all__ = [
     "AttributeClassifier",
@@ -65,6 +112,7 @@ __all__ = [
     "guided",
     "image_grid",
     "inception_score",
+    "list_models",
     "load",
     "ood_auroc",
     "plot_training_health",

@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import torch
 import typer
 from safetensors import SafetensorError
 from typer.core import TyperGroup
 
 from composable_ebm.errors import CebmError, InvalidInputError
+
+if TYPE_CHECKING:  # torch is imported by the commands that need it, so `cebm --help` starts at once
+    import torch
 
 DEBUG_KEY = "cebm.debug"
 
@@ -57,10 +59,12 @@ class _Group(TyperGroup):
             raise typer.Exit(code) from err
 
 
+# rich_markup_mode=None: help text is shown as written, so the [attr=value] of the examples stays visible
 app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, invoke_without_command=True,
-                  help="Energy-based models that compose.",
+                  help="Energy-based models that compose.", rich_markup_mode=None,
                   pretty_exceptions_enable=False)
-eval_app = typer.Typer(no_args_is_help=True, help="Evaluate models: compositional accuracy, OOD AUROC.")
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluate models: compositional accuracy, OOD AUROC, FID.",
+                       rich_markup_mode=None)
 app.add_typer(eval_app, name="eval")
 
 
@@ -69,6 +73,9 @@ def _main(
     ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")] = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True)] = False,
+    threads: Annotated[Optional[int], typer.Option(
+        "--threads", help="CPU threads for torch (default: CEBM_THREADS, else OMP_NUM_THREADS, else the CPUs this "
+                          "process may use). With several jobs on one machine, give each 1.")] = None,
 ) -> None:
     if version:
         from composable_ebm import __version__
@@ -79,10 +86,38 @@ def _main(
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
     ctx.meta[DEBUG_KEY] = debug
+    if threads is not None and threads < 1:
+        raise typer.BadParameter(f"--threads must be >= 1, got {threads}")
+    _THREADS["n"] = default_threads() if threads is None else threads
+
+
+_THREADS: dict[str, int] = {}
+
+
+def default_threads() -> int:
+    """``CEBM_THREADS``, else ``OMP_NUM_THREADS``, else the CPUs this process may run on (its affinity,
+    which containers and ``taskset`` restrict; torch's own default counts the machine's cores)."""
+    for name in ("CEBM_THREADS", "OMP_NUM_THREADS"):
+        text = os.environ.get(name, "").strip()
+        if text:
+            if not text.isdigit() or int(text) < 1:
+                raise InvalidInputError(f"{name} must be a positive integer, got {text!r}")
+            return int(text)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _torch():
+    """torch, with the thread count chosen by --threads (imported only by the commands that need it)."""
+    import torch
+
+    if _THREADS.get("n") and torch.get_num_threads() != _THREADS["n"]:
+        torch.set_num_threads(_THREADS["n"])
+    return torch
 
 
 def _device(device: str | None) -> torch.device:
     """``--device``, checked: a malformed name or a device this machine lacks is one clear line."""
+    torch = _torch()
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     here = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
@@ -133,6 +168,7 @@ PrecisionOpt = Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (
 MethodOpt = Annotated[Optional[str], typer.Option(help="langevin or mala (default: the model's).")]
 NoiseOpt = Annotated[Optional[str], typer.Option(help="Noise std per step, or 'exact' for sqrt(2 * step size).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
+ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
 RefreshOpt = Annotated[bool, typer.Option("--refresh", help="Ask the Hub for the newest revision of org/name models and "
                                           "download them again, even when cached.")]
 ScaleOpt = Annotated[Optional[int], typer.Option(
@@ -156,6 +192,7 @@ def train(
 ) -> None:
     """Train an energy with Algorithm 1 and save its EMA weights to OUT/model.
 
+    \b
     Example: cebm train recipes/shapes-color.toml --out runs/color
     """
     from composable_ebm.recipes import build_dataset, build_model, load_recipe
@@ -254,9 +291,11 @@ def sample(
     device: DeviceOpt = None,
     scale: ScaleOpt = None,
     refresh: RefreshOpt = False,
+    progress: ProgressOpt = True,
 ) -> None:
     """Sample one model (optionally conditioned) into an image grid.
 
+    \b
     Example: cebm sample shapes-color --condition color=blue -n 16 -o blue.png --method mala
     """
     _check_outputs(n, output, chain)
@@ -265,12 +304,12 @@ def sample(
     if bindings:
         energy = energy.condition(**bindings)
     _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise),
-                     scale)
+                     scale, progress)
 
 
 @app.command()
 def compose(
-    expression: Annotated[str, typer.Argument(help='e.g. "color\\[color=red] + 2*shape\\[shape=circle]".')],
+    expression: Annotated[str, typer.Argument(help='e.g. "shapes-color[color=red] + 2*shapes-shape[shape=circle]".')],
     n: Annotated[int, typer.Option("-n", help="Number of samples.")] = 16,
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG grid to write.")] = Path("composed.png"),
     chain: Annotated[Optional[Path], typer.Option(help="Also write the chains as a PNG strip.")] = None,
@@ -284,16 +323,18 @@ def compose(
     device: DeviceOpt = None,
     scale: ScaleOpt = None,
     refresh: RefreshOpt = False,
+    progress: ProgressOpt = True,
 ) -> None:
-    """Compose models with the energy algebra (+, -, *, /, |, \\[attr=value]) and sample an image grid.
+    """Compose models with the energy algebra (+, -, *, /, |, [attr=value], guided(...)) and sample an image grid.
 
+    \b
     Example: cebm compose "shapes-color[color=red] + shapes-shape[shape=circle]" -n 16 -o grid.png
     """
     _check_outputs(n, output, chain)
     energy = _load_expression(expression, _device(device), refresh)
     typer.echo(f"sampling {energy.expression()}")
     _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise),
-                     scale)
+                     scale, progress)
 
 
 def _check_outputs(n: int, output: Path, chain: Path | None) -> None:
@@ -342,7 +383,7 @@ def _load_expression(expression: str, device: torch.device, refresh: bool = Fals
 
 
 def _sample_to_files(energy, n: int, seed: int, output: Path, chain: Path | None, overrides: dict,
-                     scale: int | None = None) -> None:
+                     scale: int | None = None, progress: bool = True) -> None:
     from composable_ebm.images import save_chain_strip, save_image_grid, save_scatter
     from composable_ebm.sampling import sample as run_sampler
 
@@ -351,7 +392,7 @@ def _sample_to_files(energy, n: int, seed: int, output: Path, chain: Path | None
         raise ValueError(f"--chain draws image strips; this energy takes inputs of shape {energy.input_shape}")
     total = (overrides.get("steps") or 0) * (overrides.get("rounds") or 1)
     keep = max(1, total // 10) if chain is not None and total else (4 if chain is not None else 0)
-    result = run_sampler(energy, n, seed=seed, progress=True, keep_every=keep, **overrides)
+    result = run_sampler(energy, n, seed=seed, progress=progress, keep_every=keep, **overrides)
     if images:
         save_image_grid(result.samples, output, scale=scale)
     elif energy.input_shape == (2,):
@@ -364,6 +405,27 @@ def _sample_to_files(energy, n: int, seed: int, output: Path, chain: Path | None
         typer.echo(f"wrote {chain}")
 
 
+@app.command("list")
+def list_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List the models that load without a download: bundled ones and those in the local Hub cache.
+
+    \b
+    Example: cebm list
+    """
+    from composable_ebm.hub import list_models
+
+    rows = list_models()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        attrs = "; ".join(f"{a}: {', '.join(v)}" for a, v in row["attributes"].items()) or "(unconditional)"
+        kind = row["type"] or f"unreadable ({row['error']})"
+        typer.echo(f"{row['name']:<28} {kind:<22} {attrs}   [{row['source'].split(' (')[0]}]")
+
+
 @app.command()
 def push(
     model_dir: Annotated[Path, typer.Argument(help="A saved model folder (config.json + model.safetensors).")],
@@ -371,16 +433,19 @@ def push(
     revision: Annotated[Optional[str], typer.Option(help="Branch to commit to (created if needed).")] = None,
     private: Annotated[bool, typer.Option("--private", help="Create the repository private.")] = False,
     message: Annotated[Optional[str], typer.Option("--message", "-m", help="Commit message.")] = None,
+    token: Annotated[Optional[str], typer.Option(
+        "--token", help="Hub token (default: HF_TOKEN or the one `hf auth login` saved).")] = None,
 ) -> None:
-    """Publish a model folder to the Hugging Face Hub (token from HF_TOKEN or `hf auth login`).
+    """Publish a model folder to the Hugging Face Hub (token from --token, HF_TOKEN or `hf auth login`).
 
+    \b
     Example: cebm push runs/color/model my-org/shapes-color --revision v1
     """
     from composable_ebm.hub import push_folder
 
     if not model_dir.is_dir():
         raise InvalidInputError(f"no model folder at {model_dir}")
-    url = push_folder(model_dir, repo_id, revision=revision, private=private, commit_message=message)
+    url = push_folder(model_dir, repo_id, revision=revision, private=private, token=token, commit_message=message)
     typer.echo(f"pushed {model_dir} to {repo_id}" + (f"@{revision}" if revision else "") + f": {url}")
 
 
@@ -391,6 +456,7 @@ def plot(
 ) -> None:
     """Plot training health: energy difference and |grad L_CD| vs |grad L_KL|.
 
+    \b
     Example: cebm plot runs/color -o health.png
     """
     from composable_ebm.evaluation import plot_training_health
@@ -403,6 +469,7 @@ def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name o
          refresh: RefreshOpt = False) -> None:
     """Show a model's type, attributes, size and default sampler settings.
 
+    \b
     Example: cebm info shapes-color
     """
     from composable_ebm.hub import WEIGHTS_NAME, read_config, resolve_source, typed_configs, weights_header
@@ -410,7 +477,9 @@ def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name o
     folder = resolve_source(model, refresh=refresh)
     payload = read_config(folder)
     typed_configs(folder, payload)  # refuses a config that could not be loaded
-    tensors = sum(torch.Size(shape).numel() for shape, _ in weights_header(folder / WEIGHTS_NAME).values())
+    import math
+
+    tensors = sum(math.prod(shape) for shape, _ in weights_header(folder / WEIGHTS_NAME).values())
     typer.echo(json.dumps({"folder": str(folder), "tensor_elements": tensors, **payload}, indent=2))
 
 
@@ -429,6 +498,7 @@ def eval_compose(
 ) -> None:
     """Compositional accuracy: how often the classifier finds every target attribute in composed samples.
 
+    \b
     Example: cebm eval compose "shapes-color[color=red] + shapes-shape[shape=circle]" --classifier shapes-classifier -t color=red -t shape=circle
     """
     from composable_ebm.evaluation import compositional_accuracy
@@ -455,6 +525,7 @@ def eval_fid(
 ) -> None:
     """FID between two image folders under a feature network you supply.
 
+    \b
     Example: cebm eval fid data/real samples/ --features shapes-classifier
     """
     from composable_ebm.evaluation import (
@@ -464,6 +535,8 @@ def eval_fid(
         frechet_distance,
         gaussian_stats,
     )
+    import torch
+
     from composable_ebm.hub import load_model
     from composable_ebm.images import load_image_folder
 
@@ -493,20 +566,28 @@ def eval_ood(
     model: Annotated[str, typer.Argument(help="Model folder, bundled name or org/name.")],
     in_data: Annotated[str, typer.Option("--in", help="In-distribution data: shapes, digits.")],
     out_data: Annotated[str, typer.Option("--out", help="Out-of-distribution data: shapes, digits, noise.")],
+    condition: Annotated[list[str], typer.Option("--condition", "-c", help="attr=value (repeatable).")] = [],  # noqa: B006
     n: Annotated[int, typer.Option("-n")] = 500,
     seed: int = 0,
     device: DeviceOpt = None,
 ) -> None:
     """OOD AUROC of -E(x) between two datasets (resized to the model's input shape).
 
-    Example: cebm eval ood shapes-color --in shapes --out noise
+    A conditional model trained without label dropout needs its attributes bound (-c).
+
+    \b
+    Example: cebm eval ood shapes-color -c color=red --in shapes --out noise
     """
+    import torch
     import torch.nn.functional as F
 
     from composable_ebm.data import digits, shapes
     from composable_ebm.evaluation import ood_auroc
 
     energy = _load_energy(model, _device(device))
+    bindings = _parse_bindings(condition)
+    if bindings:
+        energy = energy.condition(**bindings)
     c, h, w = energy.input_shape
 
     def images(name: str, offset: int) -> torch.Tensor:

@@ -285,6 +285,40 @@ def bundled_models() -> list[str]:
     return sorted(p.name for p in BUNDLED_DIR.iterdir() if (p / CONFIG_NAME).is_file())
 
 
+def list_models() -> list[dict[str, Any]]:
+    """The models :func:`load_model` finds without a download: the bundled short names, then the
+    composable_ebm models in the local Hub cache (``org/name``, or ``org/name@rev`` for a revision other
+    than main), each ``{"name", "source", "type", "attributes"}``. A cached model whose ``config.json``
+    cannot be read is listed with an ``"error"`` instead of being left out."""
+    from huggingface_hub import constants
+
+    rows = []
+    for name in bundled_models():
+        rows.append({"name": name, "source": "bundled", **_summary(BUNDLED_DIR / name)})
+    cache = Path(constants.HF_HUB_CACHE).expanduser()
+    for repo_dir in sorted(cache.glob("models--*--*")) if cache.is_dir() else []:
+        repo = repo_dir.name.removeprefix("models--").replace("--", "/", 1)
+        refs = repo_dir / "refs"
+        for ref in sorted(p for p in refs.rglob("*") if p.is_file()) if refs.is_dir() else []:
+            revision = ref.relative_to(refs).as_posix()
+            commit = ref.read_text().strip()
+            snapshot = repo_dir / "snapshots" / commit
+            if not _COMMIT.fullmatch(commit) or not (snapshot / CONFIG_NAME).is_file():
+                continue  # not a composable_ebm model (or not one we can place)
+            name = repo if revision == "main" else f"{repo}@{revision}"
+            rows.append({"name": name, "source": f"hub cache ({snapshot})", **_summary(snapshot)})
+    return rows
+
+
+def _summary(folder: Path) -> dict[str, Any]:
+    try:
+        payload = read_config(folder)
+    except (ModelFileError, ModelNotFoundError) as err:
+        return {"type": None, "attributes": {}, "error": str(err)}
+    attributes = payload["config"].get("attributes", {}) if isinstance(payload.get("config"), dict) else {}
+    return {"type": payload["model_type"], "attributes": {a: list(v) for a, v in attributes.items()}}
+
+
 def hub_timeout() -> float:
     """Seconds to wait for the Hub to connect and for each of its answers and reads: ``CEBM_HUB_TIMEOUT``,
     default 5. A download also has a total bound per file, :func:`hub_file_timeout`."""

@@ -237,3 +237,71 @@ def test_eval_fid_between_image_folders_with_a_classifiers_features(tmp_path):
     assert result.exit_code == 2 and "no image folder at" in result.output
     result = runner.invoke(app, ["eval", "fid", str(tmp_path / "real"), str(tmp_path / "same"), "--features", "shapes-color"])
     assert result.exit_code == 2 and "valid choices: an Inception v3 weights file or an attribute classifier" in result.output
+
+
+# extra arguments that make each example quick here (a later option overrides the example's own)
+_QUICK = {"train": ["--steps", "2", "--no-progress"], "sample": ["-n", "2", "--steps", "2", "--no-progress"],
+          "compose": ["-n", "2", "--steps", "2", "--no-progress"], "eval compose": ["-n", "2", "--steps", "2"],
+          "eval ood": ["-n", "16"], "eval fid": ["--limit", "4"]}
+_ORDER = ["train", "push", "plot"]  # push and plot use what the train example wrote
+
+
+def _help_examples() -> dict[str, list[str]]:
+    import shlex
+
+    import typer.main
+
+    group = typer.main.get_command(app)
+    examples = {}
+    for name, command in group.commands.items():
+        leaves = command.commands.items() if hasattr(command, "commands") else [(None, command)]
+        for sub, leaf in leaves:
+            key = f"{name} {sub}" if sub else name
+            lines = [line.strip() for line in (leaf.help or "").splitlines() if line.strip().startswith("Example: cebm ")]
+            assert len(lines) == 1, f"`cebm {key} --help` should give one example, gives {lines}"
+            examples[key] = shlex.split(lines[0].removeprefix("Example: cebm "))
+    return examples
+
+
+def test_every_help_example_parses_and_runs(tmp_path, monkeypatch):
+    import shutil
+
+    from huggingface_hub import constants
+
+    from tests.hub_server import HubServer
+
+    examples = _help_examples()
+    assert {"train", "sample", "compose", "push", "plot", "info", "list", "eval compose", "eval fid",
+            "eval ood"} <= set(examples)
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "recipes", tmp_path / "recipes")
+    for folder in ("data/real", "samples"):
+        (tmp_path / folder).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (16, 16), (40 * i, 200, 30)).save(tmp_path / folder / f"{i}.png")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    order = [k for k in _ORDER if k in examples] + sorted(k for k in examples if k not in _ORDER)
+    with HubServer() as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        for key in order:
+            args = examples[key] + _QUICK.get(key, [])
+            result = runner.invoke(app, ["--threads", "1", *args])
+            assert result.exit_code == 0, (key, args, result.output, result.exception)
+        assert "my-org/shapes-color" in hub.repos  # the push example reached the Hub
+    assert (tmp_path / "health.png").is_file() and (tmp_path / "grid.png").is_file()
+
+
+def test_help_shows_the_bracketed_conditions_and_the_cli_imports_no_torch():
+    import subprocess
+    import sys
+
+    result = runner.invoke(app, ["compose", "--help"], env={"COLUMNS": "200"})
+    assert 'cebm compose "shapes-color[color=red] + shapes-shape[shape=circle]"' in result.output
+    code = ("import sys, composable_ebm.cli as c, typer.main; from typer.testing import CliRunner; "
+            "r = CliRunner().invoke(c.app, ['--help']); assert r.exit_code == 0, r.output; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
+    out = subprocess.run([sys.executable, "-m", "composable_ebm", "--version"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("composable_ebm ")

@@ -196,7 +196,7 @@ def sample(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.total_steps, desc=f"sampling {energy.expression()}", leave=False)
+        bar = tqdm(total=cfg.total_steps, desc="sampling", unit="step", leave=False)
 
     def on_step(step: int, state: ChainState, info: StepInfo) -> None:
         _record(info, energies, grad_norms, accepts)

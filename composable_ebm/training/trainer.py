@@ -301,6 +301,7 @@ class Trainer:
             config.buffer_size, energy.input_shape, sorted(energy.attributes), self.device, config.buffer_policy
         )
         self.step = 0
+        self._fit_total = -1  # the step count fit() trains to (its last step is always logged)
         self.rollbacks = 0
         self.faults: list[dict[str, Any]] = []
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -405,7 +406,7 @@ class Trainer:
             "langevin_grad_norm": float(out.langevin_grad_norm),
         }
         raise_if_any_rank_faulted(fault_reason(stats, cfg.max_energy_diff), self.device)
-        logging = (self.step + 1) % cfg.log_every == 0
+        logging = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == self._fit_total  # a run logs its last step
         params = [p for p in model.parameters() if p.requires_grad]
         if logging:  # gradient norms of L_CD and L_KL separately (the paper's figure of their magnitudes)
             stats["grad_norm_cd"] = _param_grad_norm(out.cd, params)
@@ -446,6 +447,7 @@ class Trainer:
         ``callback(step, stats)`` runs after every successful iteration (e.g. a progress bar).
         """
         total = self.config.steps if steps is None else steps
+        self._fit_total = total
         if not self._has_own_checkpoint:
             # the state to roll back to before the first good checkpoint; it replaces any older run's
             # checkpoint in out_dir, so a fault never rolls back into another run
@@ -459,7 +461,7 @@ class Trainer:
                 continue
             if callback is not None:
                 callback(self.step, stats)
-            if self.step % self.config.log_every == 0:
+            if self.step % self.config.log_every == 0 or self.step == total:  # the last step too, so a short run can be plotted
                 self._log({"step": self.step, **stats, "buffer": len(self.buffer), "rollbacks": self.rollbacks})
             if self.step % self.config.checkpoint_every == 0 or self.step == total:
                 self.save_checkpoint()
