@@ -183,7 +183,7 @@ def test_toy_recipe_trains_and_samples_to_a_scatter_plot(tmp_path):
 
 def test_help_shows_the_expression_syntax_unmangled():
     """Square brackets are shown as written (no rich markup) in the help text."""
-    out = runner.invoke(app, ["compose", "--help"], env={"COLUMNS": "200"}).output
+    out = runner.invoke(app, ["compose", "--help"], terminal_width=200, max_content_width=200).output
     assert '"shapes-color[color=red] + 2*shapes-shape[shape=circle]"' in out and "[attr=value]" in out
 
 
