@@ -189,6 +189,8 @@ def train(
     ] = False,
     device: DeviceOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    license: Annotated[Optional[str], typer.Option(
+        help="License of the trained model, written into its card (e.g. mit, apache-2.0; default: none).")] = None,
 ) -> None:
     """Train an energy with Algorithm 1 and save its EMA weights to OUT/model.
 
@@ -209,7 +211,7 @@ def train(
     try:
         if not resume and _set_aside_previous_run(out, overwrite) and trainer.log is not None:
             trainer.log = type(trainer.log)(out)  # a fresh log (and TensorBoard writer) in the emptied folder
-        _train(trainer, spec, model, recipe, out, steps, resume, allow_config_change, progress)
+        _train(trainer, spec, model, recipe, out, steps, resume, allow_config_change, progress, license)
     finally:
         trainer.close()
 
@@ -241,13 +243,13 @@ def _set_aside_previous_run(out: Path, overwrite: bool) -> bool:
 
 
 def _train(trainer, spec, model, recipe: Path, out: Path, steps: int | None, resume: bool, allow_config_change: bool,
-           progress: bool) -> None:
+           progress: bool, license: str | None = None) -> None:
     """Resume if asked, train to the step count, then save the EMA model, its card and the health plot."""
     from tqdm.auto import tqdm
 
     from composable_ebm.evaluation import plot_training_health
     from composable_ebm.hub import save_model
-    from composable_ebm.model_cards import model_card
+    from composable_ebm.model_cards import model_card, recipe_text
     from composable_ebm.training import Trainer, read_log
 
     if resume and trainer.resume(allow_config_change=allow_config_change):
@@ -266,7 +268,8 @@ def _train(trainer, spec, model, recipe: Path, out: Path, steps: int | None, res
     if trainer.rank == 0:
         ema = trainer.ema
         ema.sampler_config = model.sampler_config
-        card = model_card(ema, recipe=recipe.read_text(), recipe_name=recipe.name, steps=summary.steps)
+        card = model_card(ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
+                          location=str(out / "model"), license=license)
         save_model(ema, out / "model", card=card)
         log = out / Trainer.LOG
         if log.is_file() and any("e_diff" in r for r in read_log(log)):  # a run shorter than log_every has none

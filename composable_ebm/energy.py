@@ -225,7 +225,7 @@ class Energy(nn.Module):
         from composable_ebm.hub import save_model
         from composable_ebm.model_cards import model_card
 
-        return save_model(self, folder, card=card if card is not None else model_card(self))
+        return save_model(self, folder, card=card if card is not None else model_card(self, location=str(folder)))
 
     def push_to_hub(self, repo_id: str, revision: str | None = None, private: bool = False,
                     token: str | None = None, commit_message: str | None = None) -> str:

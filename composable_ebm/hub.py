@@ -644,8 +644,8 @@ def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, p
         card = upload / CARD_NAME
         if card.is_file():  # a generated card's usage line loads from where the model now lives
             at = f"{repo_id}@{revision}" if revision and revision != "main" else repo_id
-            card.write_text(re.sub(r'cebm\.load\("[^"]*"\)  # or the folder / Hub id it lives in',
-                                   f'cebm.load("{at}")', card.read_text()))
+            card.write_text(re.sub(r'^((?:model|classifier) = )cebm\.load\("[^"]*"\).*$',
+                                   lambda m: f'{m.group(1)}cebm.load("{at}")', card.read_text(), flags=re.M))
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
             if revision is not None and revision != "main":

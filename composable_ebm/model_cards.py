@@ -17,57 +17,109 @@ CITATION = """@inproceedings{du2021improved,
 }"""
 
 
-TAGS = ["energy-based-model", "composable-ebm", "pytorch"]
+ARXIV_ID = "2012.01316"
+"""The paper's arXiv id (Du, Li, Tenenbaum, Mordatch, "Improved Contrastive Divergence Training of
+Energy-Based Models"); the Hub links a model to the paper from its ``arxiv:`` tag."""
+
+TAGS = ["energy-based-model", "composable-ebm", "pytorch", f"arxiv:{ARXIV_ID}"]
 
 
-def card_metadata(datasets: list[str] | None = None, metrics: list[str] | None = None) -> str:
-    """The card's YAML header, through ``huggingface_hub.ModelCardData`` (what the Hub shows and filters on)."""
-    from huggingface_hub import ModelCardData
+def card_metadata(datasets: list[str] | None = None, metrics: list[str] | None = None, license: str | None = None,
+                  model_name: str | None = None, eval_results: list[dict] | None = None,
+                  pipeline_tag: str | None = None) -> str:
+    """The card's YAML header through ``huggingface_hub.ModelCardData`` (what the Hub shows and filters on).
 
-    data = ModelCardData(library_name="composable_ebm", tags=TAGS, license="mit", datasets=datasets, metrics=metrics)
+    ``eval_results`` rows (``{"task", "dataset", "metric", "value", "name"}``) become the card's
+    ``model-index`` through ``huggingface_hub.EvalResult``, so the Hub shows the measured numbers."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    results = None
+    if eval_results:
+        results = [EvalResult(task_type=r["task"], dataset_type=r["dataset"], dataset_name=r["dataset"],
+                              metric_type=r["metric"], metric_value=r["value"], metric_name=r.get("name"))
+                   for r in eval_results]
+    data = ModelCardData(library_name="composable_ebm", tags=TAGS, license=license, datasets=datasets, metrics=metrics,
+                         pipeline_tag=pipeline_tag, model_name=model_name if results else None, eval_results=results)
     return f"---\n{data.to_yaml()}\n---"
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"
+
+
+def recipe_text(path) -> str:
+    """A recipe file and every base it starts from, comments removed (a card states facts about its own
+    run, not the notes written beside the shipped weights), the base first, so the card is complete."""
+    from pathlib import Path
+
+    import tomllib
+
+    chain, path = [], Path(path)
+    while path is not None and len(chain) < 16:
+        text = path.read_text()
+        chain.append((path.name, text))
+        base = tomllib.loads(text).get("base")
+        path = (path.parent / base) if isinstance(base, str) else None
+    parts = []
+    for name, text in reversed(chain):
+        lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        lines = [line.split("  #")[0].rstrip() if "  #" in line else line for line in lines]
+        parts.append(f"# {name}\n" + "\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def model_card(model: nn.Module, recipe: str | None = None, recipe_name: str | None = None, steps: int | None = None,
                notes: str | None = None, repo_id: str | None = None, datasets: list[str] | None = None,
-               metrics: list[str] | None = None) -> str:
+               metrics: list[str] | None = None, location: str | None = None, license: str | None = None,
+               eval_results: list[dict] | None = None) -> str:
     """A Markdown card with Hub metadata, what the model is, how to use it and how it was trained.
 
-    The usage block loads ``repo_id`` when given (a pushed model), else the model's name (a bundled model).
+    The usage block loads from where the model lives: ``repo_id`` (a pushed model), else ``location``
+    (a folder or a bundled name), else a placeholder to replace. ``license`` is the owner's to set
+    (none by default). Only what is passed in is stated: the card knows nothing else about the run.
     """
     config = config_to_dict(model.config)
     name = config.get("name", type(model).__name__)
     params = sum(p.numel() for p in model.parameters())
     attributes = config.get("attributes") or {}
+    energy = isinstance(model, Energy)
     lines = [
-        card_metadata(datasets, metrics),
+        card_metadata(datasets, metrics, license, name, eval_results,
+                      "unconditional-image-generation" if energy and len(getattr(model, "input_shape", ())) == 3
+                      else ("image-classification" if not energy else None)),
         "",
         f"# {name}",
         "",
-        f"A `{type(model).__name__}` with {params:,} parameters, saved by composable_ebm as `config.json` +",
+        f"{_a(type(model).__name__).capitalize()} with {params:,} parameters, saved by composable_ebm as `config.json` +",
         "`model.safetensors`.",
     ]
-    if isinstance(model, Energy):
+    if energy:
         lines += ["", f"Input shape: `{model.input_shape}`; value range: `{model.value_range}`."]
     if attributes:
-        lines += ["", "Attributes it is conditioned on:", ""]
+        lines += ["", "Attributes it is conditioned on:" if energy else "Attributes it predicts:", ""]
         lines += [f"- `{a}`: {', '.join(f'`{v}`' for v in values)}" for a, values in attributes.items()]
-    if isinstance(model, Energy):
+    where = repo_id or location
+    load = f'cebm.load("{where}")' if where else 'cebm.load("PATH_OR_ORG/NAME")  # the folder or Hub id it lives in'
+    if energy:
         example = ""
         if attributes:
             a, values = next(iter(attributes.items()))
             example = f'.condition({a}="{values[0]}")'
-        lines += ["", "## Use", "", "```python", "import composable_ebm as cebm", "",
-                  f'model = cebm.load("{repo_id or name}")' + ("" if repo_id else "  # or the folder / Hub id it lives in"),
+        lines += ["", "## Use", "", "```python", "import composable_ebm as cebm", "", f"model = {load}",
                   f"images = model{example}.sample(n=16, seed=0)", "```"]
+    elif attributes:
+        lines += ["", "## Use", "", "```python", "import composable_ebm as cebm", "", f"classifier = {load}",
+                  "readings = classifier.predict(images)  # {attribute: value index per image}", "```"]
     if steps is not None or recipe:
         lines += ["", "## Training", ""]
         if steps is not None:
             lines.append(f"Trained for {steps} iterations with improved contrastive divergence (EMA weights).")
         if recipe:
-            lines += ["", f"Recipe (`{recipe_name or 'recipe.toml'}`):", "", "```toml", recipe.strip(), "```"]
+            lines += ["", f"Recipe (`{recipe_name or 'recipe.toml'}`, with the recipes it starts from):", "",
+                      "```toml", recipe.strip(), "```"]
     if notes:
         lines += ["", notes.strip()]
     lines += ["", "## Config", "", "```json", json.dumps(config, indent=2), "```", "", "## Citation", "",
+              f"[arXiv:{ARXIV_ID}](https://arxiv.org/abs/{ARXIV_ID})", "",
               "```bibtex", CITATION, "```", ""]
     return "\n".join(lines)

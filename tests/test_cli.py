@@ -307,3 +307,26 @@ def test_help_shows_the_bracketed_conditions_and_the_cli_imports_no_torch():
     out = subprocess.run([sys.executable, "-m", "composable_ebm", "--version"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("composable_ebm ")
+
+
+def test_a_users_card_loads_the_users_model_states_only_this_run_and_sets_no_license(tmp_path):
+    import re
+    import tomllib
+
+    recipe = tmp_path / "mine.toml"
+    recipe.write_text("# a note about other weights that must not reach the card\n" + TINY_RECIPE.format(
+        name="mine", attribute="color"))
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "2"]).exit_code == 0
+    card = (run / "model" / "README.md").read_text()
+    (usage,) = re.findall(r"```python\n(.*?)\n```", card, re.DOTALL)
+    namespace: dict = {}
+    exec(usage, namespace)  # noqa: S102 - the card's example, as the user would paste it
+    assert namespace["model"].name == "mine" and str(run / "model") in usage
+    assert "license" not in card.split("---")[1] and "must not reach" not in card
+    assert "arxiv:2012.01316" in card and "pipeline_tag: unconditional-image-generation" in card
+    (embedded,) = re.findall(r"```toml\n(.*?)\n```", card, re.DOTALL)
+    assert tomllib.loads(embedded)["model"]["name"] == "mine"  # complete: it parses on its own
+    assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "3",
+                               "--license", "apache-2.0"]).exit_code == 0
+    assert "license: apache-2.0" in (run / "model" / "README.md").read_text()
