@@ -337,8 +337,12 @@ def _positive_seconds(name: str, default: str) -> float:
 
 
 def looks_local(text: str) -> bool:
-    """Whether a model name is a path: it starts with ``.``, ``/`` or ``~``, or names an existing folder."""
-    return text.startswith((".", "/", "~")) or Path(text).expanduser().is_dir()
+    """Whether a model name is a path: it starts with ``.``, ``/`` or ``~``, names an existing folder, or its
+    first part is a folder here (``runs/classifier`` with ``runs/`` present: a missing folder, not a Hub id)."""
+    if text.startswith((".", "/", "~")) or Path(text).expanduser().is_dir():
+        return True
+    first = text.split("@")[0].split("/")[0]
+    return "/" in text and bool(first) and Path(first).is_dir()
 
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")

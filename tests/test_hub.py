@@ -112,3 +112,10 @@ def test_push_then_load_round_trips_bit_for_bit_through_a_local_hub(tmp_path):
         main_files = hub.repos["someorg/toy"].commits[hub.repos["someorg/toy"].branches["main"]]
         assert sorted(main_files) == ["README.md", "config.json", "model.safetensors"]
         assert "POST /api/repos/create" in hub.requests
+
+
+def test_a_missing_folder_under_a_local_folder_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelNotFoundError, match="no model folder at runs/classifier"):
+        load_model("runs/classifier")  # looks like org/name, but runs/ is a folder here
