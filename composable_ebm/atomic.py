@@ -1,7 +1,7 @@
 """Atomic file writes: write beside the target, flush to disk, then rename over it.
 
 A crash or an exception mid-write leaves the previous file untouched; the temporary file
-(``.NAME.*.tmp``) is removed on an exception, and :func:`remove_stale_temporaries` removes those
+(``.NAME.*.tmp``) is removed on an exception, and `remove_stale_temporaries` removes those
 a killed process left. Files come out with the user's umask, like any other file they write.
 """
 
@@ -58,7 +58,7 @@ def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
 
 
 def remove_stale_temporaries(path: str | Path) -> list[Path]:
-    """Remove the temporary files that interrupted :func:`write_atomic` calls for ``path`` left behind.
+    """Remove the temporary files that interrupted `write_atomic` calls for ``path`` left behind.
 
     Call it only while no other process writes ``path`` (a run folder holds a lock for this).
     """

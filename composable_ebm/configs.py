@@ -42,7 +42,7 @@ def check_attributes(owner: str, attributes: dict[str, tuple[str, ...]]) -> None
 
 
 def check_size(owner: str, name: str, value: int, low: int = 1, high: int = MAX_WIDTH) -> None:
-    """Raise :class:`InvalidInputError` unless ``low <= value <= high`` (``value`` an integer)."""
+    """Raise `InvalidInputError` unless ``low <= value <= high`` (``value`` an integer)."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidInputError(f"{owner}.{name} must be an integer in [{low}, {high}], got {value!r}")
 
@@ -79,7 +79,7 @@ def _to_plain(value: Any) -> Any:
 def config_from_dict(cls: type[T], data: dict[str, Any]) -> T:
     """Build dataclass ``cls`` from a plain dict.
 
-    Unknown keys and values of the wrong type raise :class:`InvalidInputError` naming the setting
+    Unknown keys and values of the wrong type raise `InvalidInputError` naming the setting
     and what it expects; range checks run in the config's ``__post_init__``.
     """
     if not isinstance(data, dict):
@@ -190,7 +190,7 @@ def _from_plain(tp: Any, value: Any, where: str) -> Any:
 
 def check_range(owner: str, name: str, value: float, low: float | None = None, high: float | None = None,
                 low_open: bool = False, high_open: bool = False) -> None:
-    """Raise :class:`InvalidInputError` unless ``value`` is finite and within ``[low, high]`` (ends
+    """Raise `InvalidInputError` unless ``value`` is finite and within ``[low, high]`` (ends
     open as asked)."""
     ok = isinstance(value, (int, float)) and math.isfinite(value)
     if ok and low is not None:

@@ -1,6 +1,6 @@
 """The energy contract and its algebra.
 
-An :class:`Energy` maps a batch ``(B, *input_shape)`` to energies ``(B,)``; lower
+An `Energy` maps a batch ``(B, *input_shape)`` to energies ``(B,)``; lower
 energy means more likely, ``p(x) ∝ exp(-E(x))``. Every algebra operation returns an
 ``Energy`` again, so a sampler never special-cases composites (Du et al. 2020,
 "Compositional Visual Generation with Energy Based Models"):
@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Labels = Mapping[str, Tensor]
 """Per-item attribute values: attribute name -> integer value indices of shape ``(B,)``
-(:data:`NULL` for an item whose attribute is left unbound)."""
+(`NULL` for an item whose attribute is left unbound)."""
 
 NULL = -1
 """The value index of the null condition: the attribute is left unbound for that item, and a model
@@ -41,7 +41,7 @@ trained with label dropout gives its unconditional energy there."""
 class Energy(nn.Module):
     """Base class of every energy: networks, analytic energies and composites.
 
-    Subclasses implement :meth:`energy`; :meth:`forward` checks shapes at the boundary.
+    Subclasses implement `energy`; `forward` checks shapes at the boundary.
 
     Args:
         input_shape: shape of one input, e.g. ``(3, 32, 32)`` for images or ``(2,)``.
@@ -198,7 +198,7 @@ class Energy(nn.Module):
     def sampler_config(self) -> SamplerConfig | None:
         """Sampling settings set on this energy (a trained model carries its recipe's), or ``None``.
 
-        A composite has none of its own: :func:`composable_ebm.sampling.default_sampler_config`
+        A composite has none of its own: `composable_ebm.sampling.default_sampler_config`
         derives its defaults from its parts.
         """
         return self._sampler_config
@@ -208,13 +208,13 @@ class Energy(nn.Module):
         self._sampler_config = config
 
     def sample(self, n: int, **kwargs: Any) -> Tensor:
-        """Draw ``n`` samples ``(n, *input_shape)`` with Algorithm 2; see :func:`composable_ebm.sampling.sample`."""
+        """Draw ``n`` samples ``(n, *input_shape)`` with Algorithm 2; see `composable_ebm.sampling.sample`."""
         from composable_ebm.sampling import sample
 
         return sample(self, n, **kwargs).samples
 
     def sample_chain(self, n: int, **kwargs: Any) -> SampleResult:
-        """Like :meth:`sample` but returns the whole :class:`~composable_ebm.sampling.SampleResult`."""
+        """Like `sample` but returns the whole `SampleResult`."""
         from composable_ebm.sampling import sample
 
         return sample(self, n, **kwargs)
@@ -229,7 +229,7 @@ class Energy(nn.Module):
 
     def push_to_hub(self, repo_id: str, revision: str | None = None, private: bool = False,
                     token: str | None = None, commit_message: str | None = None) -> str:
-        """Publish to the Hugging Face Hub (see :func:`composable_ebm.push`); returns the commit URL."""
+        """Publish to the Hugging Face Hub (see `composable_ebm.push`); returns the commit URL."""
         from composable_ebm.hub import push_to_hub
 
         return push_to_hub(self, repo_id, revision=revision, private=private, token=token,
@@ -330,7 +330,7 @@ def _format_weight(w: float) -> str:
 class WeightedSum(Energy):
     """``sum_i w_i * E_i``: conjunction, weighting, negation and temperature in one node.
 
-    Build it with the operators; :meth:`combine` flattens nested sums, so
+    Build it with the operators; `combine` flattens nested sums, so
     ``(a + b) + 2 * (c - d)`` is one node with four terms.
     """
 
@@ -460,7 +460,7 @@ class Guided(Energy):
     ``p(x)`` twice, and a weight amplifies a model's bias along with its attribute.
 
     Every term's conditioned and unconditional energies come from one network call on a batch of
-    ``2B``. Build it with :func:`guided`.
+    ``2B``. Build it with `guided`.
     """
 
     def __init__(self, weights: Sequence[float], terms: Sequence[Conditioned]) -> None:
@@ -502,7 +502,7 @@ class Guided(Energy):
 
 def guided(energy: Energy) -> Guided:
     """The guided form of a sum of conditioned models: ``guided(red + circle - 0.5 * square)`` is
-    ``E_0 + (E(x|red) - E(x|0)) + (E(x|circle) - E(x|0)) - 0.5 (E(x|square) - E(x|0))``; see :class:`Guided`.
+    ``E_0 + (E(x|red) - E(x|0)) + (E(x|circle) - E(x|0)) - 0.5 (E(x|square) - E(x|0))``; see `Guided`.
 
     Takes one conditioned model or a weighted sum of them; anything else (a disjunction, an
     unconditioned model, a model without a trained null condition) is a ``ValueError`` naming it.

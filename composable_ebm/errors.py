@@ -1,10 +1,10 @@
 """The library's own error types.
 
-Every error the library raises on purpose is a :class:`CebmError` whose message is one line
+Every error the library raises on purpose is a `CebmError` whose message is one line
 naming the file or option, the problem and the valid choices. The subclasses also derive from
 the built-in type a caller would expect (``ValueError``, ``FileNotFoundError``, ``RuntimeError``),
 so ``except ValueError`` keeps working. The command line prints the message and exits with
-:attr:`CebmError.exit_code`: 2 for bad usage or bad input, 1 for a failure at run time.
+`CebmError.exit_code`: 2 for bad usage or bad input, 1 for a failure at run time.
 """
 
 from __future__ import annotations

@@ -6,16 +6,16 @@ sampler settings, so ``load(...).sample(n)`` uses the settings the model was tra
 Saving replaces a model folder whole or not at all: the new folder is written beside the old
 one (``.NAME.new-PID-*``) and swapped in by two renames; if a process dies between them, the next
 save or load puts the old folder back. Loading checks everything it can before allocating: the
-config's types and sizes (no layer wider than :data:`~composable_ebm.configs.MAX_WIDTH`), then the
+config's types and sizes (no layer wider than `MAX_WIDTH`), then the
 weights file's header against the network the config describes (built on the ``meta`` device,
-at most :data:`MAX_PARAMETERS` elements), then that every weight is finite.
+at most `MAX_PARAMETERS` elements), then that every weight is finite.
 
 Hub names (``org/name``, ``org/name@revision``) load from the local cache without touching the
-network; only an uncached model (or ``refresh=True``) is downloaded (:func:`download_snapshot`).
-Every network wait is bounded: connecting and each read by :func:`hub_timeout` (``CEBM_HUB_TIMEOUT``,
-default 5 s), each downloaded file in all by :func:`hub_file_timeout` (``CEBM_HUB_FILE_TIMEOUT``,
-default 600 s), each request of a push by :func:`hub_timeout`. Revisions are checked against git's
-ref-name rules before any path is built from them (:func:`check_revision`).
+network; only an uncached model (or ``refresh=True``) is downloaded (`download_snapshot`).
+Every network wait is bounded: connecting and each read by `hub_timeout` (``CEBM_HUB_TIMEOUT``,
+default 5 s), each downloaded file in all by `hub_file_timeout` (``CEBM_HUB_FILE_TIMEOUT``,
+default 600 s), each request of a push by `hub_timeout`. Revisions are checked against git's
+ref-name rules before any path is built from them (`check_revision`).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def recover_folder(folder: str | Path) -> None:
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    """The checked contents of ``folder/config.json``: a JSON object with only :data:`CONFIG_KEYS`."""
+    """The checked contents of ``folder/config.json``: a JSON object with only `CONFIG_KEYS`."""
     path = Path(folder) / CONFIG_NAME
     if not path.is_file():
         raise ModelNotFoundError(f"{folder} has no {CONFIG_NAME}; a model folder holds {CONFIG_NAME} and {WEIGHTS_NAME}")
@@ -230,7 +230,7 @@ def load_model(source: str | Path, device: torch.device | str = "cpu", revision:
     """Load a saved model from a folder, a bundled short name, or the Hugging Face Hub as ``"org/name"``.
 
     Everything is checked before the network is built (see the module docstring); weights are
-    matched strictly. Errors are :class:`~composable_ebm.errors.CebmError` with one line that
+    matched strictly. Errors are `CebmError` with one line that
     names the file. ``refresh=True`` asks the Hub for a newer revision even when one is cached.
     """
     folder = resolve_source(source, revision, refresh)
@@ -286,7 +286,7 @@ def bundled_models() -> list[str]:
 
 
 def list_models() -> list[dict[str, Any]]:
-    """The models :func:`load_model` finds without a download: the bundled short names, then the
+    """The models `load_model` finds without a download: the bundled short names, then the
     composable_ebm models in the local Hub cache (``org/name``, or ``org/name@rev`` for a revision other
     than main), each ``{"name", "source", "type", "attributes"}``. A cached model whose ``config.json``
     cannot be read is listed with an ``"error"`` instead of being left out."""
@@ -321,7 +321,7 @@ def _summary(folder: Path) -> dict[str, Any]:
 
 def hub_timeout() -> float:
     """Seconds to wait for the Hub to connect and for each of its answers and reads: ``CEBM_HUB_TIMEOUT``,
-    default 5. A download also has a total bound per file, :func:`hub_file_timeout`."""
+    default 5. A download also has a total bound per file, `hub_file_timeout`."""
     return _positive_seconds("CEBM_HUB_TIMEOUT", "5")
 
 
@@ -426,7 +426,7 @@ def check_revision(revision: str) -> str:
 def hub_file_timeout() -> float:
     """Seconds one downloaded file may take in all: ``CEBM_HUB_FILE_TIMEOUT``, default 600.
 
-    Each wait (connect, every read) is bounded by :func:`hub_timeout`; this bounds a download that
+    Each wait (connect, every read) is bounded by `hub_timeout`; this bounds a download that
     keeps trickling a few bytes at a time."""
     return _positive_seconds("CEBM_HUB_FILE_TIMEOUT", "600")
 
@@ -437,8 +437,8 @@ def download_snapshot(repo: str, revision: str | None = None, token: str | None 
     The cache layout is huggingface_hub's (``models--org--name/{blobs,snapshots/<commit>,refs/<revision>}``),
     so its tools and offline loads find the model; the download is ours, so that every path comes
     from checked strings (the commit id must be 40 hex digits, the revision a git ref name, the files
-    our three names) and every wait is bounded: :func:`hub_timeout` for connecting and for each
-    read, :func:`hub_file_timeout` for each file in all. A file is written to a temporary name and
+    our three names) and every wait is bounded: `hub_timeout` for connecting and for each
+    read, `hub_file_timeout` for each file in all. A file is written to a temporary name and
     moved into place only when complete (and matching its SHA-256, where the Hub gives one), so a
     failed download leaves nothing in the cache. Files already in the snapshot are kept unless ``force``.
     """
@@ -627,7 +627,7 @@ def push_to_hub(model: nn.Module, repo_id: str, revision: str | None = None, pri
 
 def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, private: bool = False,
                 token: str | None = None, commit_message: str | None = None) -> str:
-    """Publish a saved model folder (checked by loading it first); see :func:`push_to_hub`."""
+    """Publish a saved model folder (checked by loading it first); see `push_to_hub`."""
     import httpx2
     from huggingface_hub import HfApi, constants
     from huggingface_hub import errors as hub_errors
@@ -683,7 +683,7 @@ def _timed_out(err: BaseException) -> bool:
 
 
 def bound_hub_requests() -> float:
-    """Give huggingface_hub's shared HTTP client a timeout of :func:`hub_timeout` for connecting and for
+    """Give huggingface_hub's shared HTTP client a timeout of `hub_timeout` for connecting and for
     each read and write (its default waits for ever); returns the timeout. Used before a push."""
     import httpx2
     from huggingface_hub.utils import _http, set_client_factory

@@ -39,7 +39,7 @@ def image_grid(images: Tensor, nrow: int | None = None, padding: int = 2, scale:
     """A grid of a batch ``(B, C, H, W)`` in ``[0, 1]``, ``nrow`` images per row (default: square).
 
     Every image is upscaled ``scale`` times with nearest neighbour, so each pixel stays a crisp block
-    (default: :func:`default_scale`, a 16-pixel image shown 64 pixels wide); ``scale=1`` keeps the size.
+    (default: `default_scale`, a 16-pixel image shown 64 pixels wide); ``scale=1`` keeps the size.
     """
     if images.ndim != 4:
         raise ValueError(f"expected a batch of images (B, C, H, W), got shape {tuple(images.shape)}")
@@ -85,7 +85,7 @@ def save_image(image: Image.Image, path: str | Path) -> Path:
 
 
 def save_image_grid(images: Tensor, path: str | Path, nrow: int | None = None, scale: int | None = None) -> Path:
-    """Write a batch of images as one grid (PNG, JPEG or WebP, by the suffix), upscaled as :func:`image_grid`."""
+    """Write a batch of images as one grid (PNG, JPEG or WebP, by the suffix), upscaled as `image_grid`."""
     return save_image(image_grid(images, nrow, scale=scale), path)
 
 

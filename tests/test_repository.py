@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,3 +21,24 @@ def test_readme_starts_with_the_install_and_test_commands_that_ci_runs():
     blocks = re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.DOTALL)
     assert blocks[0].startswith(ci_command("INSTALL"))
     assert blocks[1] == ci_command("TEST")
+
+
+def test_the_docs_site_renders_no_sphinx_roles_and_loads_nothing_from_other_hosts(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    pytest.importorskip("mkdocs")
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "--site-dir", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ,
+                                                                                      "NO_MKDOCS_2_WARNING": "1"})
+    assert out.returncode == 0, out.stderr
+    api = (tmp_path / "api" / "index.html").read_text()
+    assert "composable_ebm.energy" in api
+    assert not re.findall(r":(?:class|func|meth|attr|data|mod|exc):", api)
+    for page in tmp_path.rglob("*.html"):
+        html = page.read_text()
+        loads = re.findall(r"<(?:script|img|link)\b[^>]*(?:src|href)=\"(https?://[^\"]+)\"", html)
+        external = [u for u in loads if not u.startswith(("http://127.0.0.1", "http://localhost"))]
+        assert not external, (page.name, external[:3])
+        assert "api.github.com" not in html and "fonts.googleapis" not in html

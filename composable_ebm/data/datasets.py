@@ -1,10 +1,10 @@
 """Image datasets with attributes, all in memory: the trainer's ``TrainingData``.
 
-- :func:`shapes`: procedural single objects on a plain background (any size, seeded), with
+- `shapes`: procedural single objects on a plain background (any size, seeded), with
   attribute combinations that can be held out of the training split;
-- :func:`digits`: scikit-learn's bundled 8x8 handwritten digits, upsampled;
-- :func:`attribute_folder`: a folder of images with a CelebA-format attribute table;
-- :func:`cifar10`: CIFAR-10 from a local copy of its binary version.
+- `digits`: scikit-learn's bundled 8x8 handwritten digits, upsampled;
+- `attribute_folder`: a folder of images with a CelebA-format attribute table;
+- `cifar10`: CIFAR-10 from a local copy of its binary version.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def read_attribute_table(path: str | Path) -> tuple[list[str], dict[str, Tensor]
 
 
 CELEBA_COMPOSITION_ATTRIBUTES = {"young": "Young", "female": "-Male", "smiling": "Smiling", "wavy_hair": "Wavy_Hair"}
-"""The paper's composition attributes, in :func:`attribute_folder`'s notation (``-`` negates)."""
+"""The paper's composition attributes, in `attribute_folder`'s notation (``-`` negates)."""
 
 
 def attribute_folder(

@@ -21,7 +21,7 @@ from composable_ebm.images import as_float_images
 
 @dataclass(frozen=True)
 class ClassifierConfig(JSONConfig):
-    """Configuration of an :class:`AttributeClassifier` (round-trips through JSON)."""
+    """Configuration of an `AttributeClassifier` (round-trips through JSON)."""
 
     name: str = "classifier"
     """The classifier's name."""

@@ -126,7 +126,7 @@ def heldout_energy_gap(
     seen_images: Tensor,
     seen_labels: Mapping[str, Tensor],
 ) -> list[EnergyGap]:
-    """For every value of ``attribute`` that held-out images have: the :class:`EnergyGap` under that value.
+    """For every value of ``attribute`` that held-out images have: the `EnergyGap` under that value.
 
     ``seen_*`` are images of the model's training split; the gap compares held-out images with
     seen images that carry the same value of ``attribute``.

@@ -7,7 +7,7 @@
 - Inception score (Salimans et al. 2016): ``exp E_x KL(p(y|x) || p(y))``.
 
 Feature networks are pluggable: any ``nn.Module`` or callable mapping images to ``(B, D)``
-features; :class:`InceptionV3Features` wraps torchvision's Inception v3 with weights the user
+features; `InceptionV3Features` wraps torchvision's Inception v3 with weights the user
 supplies.
 """
 

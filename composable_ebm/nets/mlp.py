@@ -14,7 +14,7 @@ from composable_ebm.energy import Energy, Labels
 
 @dataclass(frozen=True)
 class MLPConfig(JSONConfig):
-    """Configuration of an :class:`MLPEnergy`."""
+    """Configuration of an `MLPEnergy`."""
 
     name: str = "mlp"
     """The model's name."""

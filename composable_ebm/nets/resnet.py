@@ -65,7 +65,7 @@ PAPER_128_BLOCKS = _table("64 down", "128 down", "128 down", "256", "256 down", 
 
 @dataclass(frozen=True)
 class ResNetConfig(JSONConfig):
-    """Configuration of a :class:`ResNetEnergy` (round-trips through JSON)."""
+    """Configuration of a `ResNetEnergy` (round-trips through JSON)."""
 
     name: str = "resnet"
     """The model's name (in expressions, cards and `print`)."""
@@ -228,7 +228,7 @@ class ResNetEnergy(Energy):
 
     def condition_vector(self, labels: Labels | None, batch: int, device: torch.device) -> Tensor | None:
         """Concatenated one-hot codes of the bound attributes; zeros (the null condition) for unbound
-        ones and for items whose index is :data:`~composable_ebm.energy.NULL`. ``(B, D)``.
+        ones and for items whose index is `NULL`. ``(B, D)``.
 
         A model trained without label dropout (``config.null_condition`` false) never saw the null
         condition, so an unbound attribute is an error naming the attributes to bind.

@@ -11,7 +11,7 @@ horizontal flip are one affine resampling; Gaussian blur uses a per-sample sigma
 
 Which image properties an augmentation changes matters for conditional models: a
 transition must never change the attribute a model is conditioned on (a colour model gets
-no colour jitter, a position model no flip). :meth:`AugmentConfig.changes` names what a
+no colour jitter, a position model no flip). `AugmentConfig.changes` names what a
 setting changes, so a recipe can be checked against its attributes.
 """
 

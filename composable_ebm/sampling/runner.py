@@ -161,12 +161,12 @@ def sample(
     callback: StepCallback | None = None,
     **overrides: Any,
 ) -> SampleResult:
-    """Run Algorithm 2 on ``energy`` and return a :class:`SampleResult`.
+    """Run Algorithm 2 on ``energy`` and return a `SampleResult`.
 
     Args:
         energy: any ``Energy``, composite or not (it is not modified, nor its modes or flags).
         n: number of chains (with ``x0`` omitted: started from uniform noise).
-        config: sampler settings; default: :func:`default_sampler_config` (a model's own, a composite's derived).
+        config: sampler settings; default: `default_sampler_config` (a model's own, a composite's derived).
         x0: starting batch ``(n, *input_shape)`` instead of noise.
         labels: per-item attribute indices for a conditional energy.
         seed: explicit randomness; the same seed gives the same samples.
@@ -174,7 +174,7 @@ def sample(
         keep_every: keep every k-th state of the chain in ``result.chain`` (0: keep none).
         progress: show a progress bar.
         callback: called after every step with ``{"step", "x", "energy", "grad_norm", "accepted"}``.
-        overrides: any :class:`SamplerConfig` field, e.g. ``steps=100``.
+        overrides: any `SamplerConfig` field, e.g. ``steps=100``.
     """
     cfg = resolve_config(energy, config, overrides)
     if cfg.augment is not None and len(energy.input_shape) != 3:
@@ -228,7 +228,7 @@ def sample(
 
 @dataclass
 class ChainEnd:
-    """Where :func:`run_chain` stopped: the positions, and their cached energy and gradient when evaluated."""
+    """Where `run_chain` stopped: the positions, and their cached energy and gradient when evaluated."""
 
     x: Tensor
     state: ChainState | None  # None when the last Langevin step's result was left unevaluated

@@ -91,7 +91,7 @@ class ReplayBuffer:
         }
 
     def load_state_dict(self, state: Mapping) -> None:
-        """Inverse of :meth:`state_dict`."""
+        """Inverse of `state_dict`."""
         if state["capacity"] != self.capacity or tuple(state["samples"].shape[1:]) != self.shape:
             raise ValueError(
                 f"checkpoint buffer (capacity {state['capacity']}, shape {tuple(state['samples'].shape[1:])}) does not"

@@ -91,7 +91,7 @@ def capture_rng_state(generator: torch.Generator) -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
-    """Inverse of :func:`capture_rng_state`."""
+    """Inverse of `capture_rng_state`."""
     generator.set_state(state["generator"])
     torch.set_rng_state(state["torch"])
     np_state = state["numpy"]

@@ -44,7 +44,7 @@ def fault_reason(stats: dict[str, float], max_energy_diff: float) -> str | None:
 
 
 def raise_if_any_rank_faulted(reason: str | None, device: torch.device) -> None:
-    """Raise :class:`Fault` if this rank (or, under DDP, any rank) found one."""
+    """Raise `Fault` if this rank (or, under DDP, any rank) found one."""
     if dist.is_available() and dist.is_initialized():  # every rank must take the same branch
         flag = torch.tensor([float(reason is not None)], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

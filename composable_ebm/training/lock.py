@@ -20,7 +20,7 @@ LOCK_NAME = ".lock"
 
 
 class RunLock:
-    """Hold ``folder/.lock`` while this process trains into ``folder``; :meth:`release` lets it go."""
+    """Hold ``folder/.lock`` while this process trains into ``folder``; `release` lets it go."""
 
     def __init__(self, folder: str | Path) -> None:
         self.path = Path(folder) / LOCK_NAME

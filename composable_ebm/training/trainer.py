@@ -2,7 +2,7 @@
 
 Per iteration: positives from the data; chain starts from the replay buffer (fresh uniform
 noise with probability ``reinit_prob``), augmented; ``K - 1`` Langevin steps without
-parameter gradients; the last step inside :class:`ImprovedCDObjective`, which builds the
+parameter gradients; the last step inside `ImprovedCDObjective`, which builds the
 graph the KL loss needs (so the last step is computed once); ``L_CD + L_KL``; Adam; EMA;
 the new negatives go into the buffer.
 
@@ -203,7 +203,7 @@ class ImprovedCDObjective(nn.Module):
     """Every path from the parameters to the loss, in one forward (so DDP sees one forward per step).
 
     Runs the last Langevin step (differentiable in the parameters when a KL term is on), then
-    returns an :class:`ObjectiveOutput` with the loss terms and the statistics of the step.
+    returns an `ObjectiveOutput` with the loss terms and the statistics of the step.
     """
 
     def __init__(self, energy: Energy, config: TrainerConfig) -> None:
@@ -254,11 +254,11 @@ class TrainingSummary:
 
 
 class Trainer:
-    """Algorithm 1 for any :class:`Energy` (conditional or not) on in-memory data.
+    """Algorithm 1 for any `Energy` (conditional or not) on in-memory data.
 
     Args:
         energy: the model to train (moved to ``device``).
-        data: a :class:`TrainingData` (images and labels) or a plain tensor of images.
+        data: a `TrainingData` (images and labels) or a plain tensor of images.
         config: training settings.
         out_dir: where ``checkpoint.pt``, ``log.jsonl`` (and TensorBoard files) go; ``None``:
             keep the rollback checkpoint in memory and write nothing.
@@ -520,7 +520,7 @@ class Trainer:
         """Load ``path`` (default ``out_dir/checkpoint.pt``) if it exists; returns whether it did.
 
         The checkpoint's training settings must equal this trainer's, except those in
-        :data:`RESUMABLE_CHANGES`; otherwise a ``ValueError`` names the keys that differ.
+        `RESUMABLE_CHANGES`; otherwise a ``ValueError`` names the keys that differ.
         ``allow_config_change=True`` resumes anyway and records the change in the log.
         """
         path = Path(path) if path is not None else self.checkpoint_path
