@@ -236,11 +236,17 @@ class Energy(nn.Module):
                            commit_message=commit_message)
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Any, revision: str | None = None, device: Any = "cpu") -> Energy:
-        """Load a saved model of this class: a folder, a bundled name or ``org/name[@revision]``."""
+    def from_pretrained(cls, name_or_path: str | Any, revision: str | None = None, device: Any = "cpu", *,
+                        token: str | bool | None = None, cache_dir: str | Any | None = None,
+                        force_download: bool = False, local_files_only: bool = False) -> Energy:
+        """Load a saved model of this class: a folder, a bundled name or ``org/name[@revision]``.
+
+        ``token``, ``cache_dir``, ``force_download`` and ``local_files_only`` mean what they mean in
+        huggingface_hub's ``from_pretrained`` (see `load_model`)."""
         from composable_ebm.hub import load_model
 
-        model = load_model(name_or_path, device=device, revision=revision)
+        model = load_model(name_or_path, device=device, revision=revision, token=token, cache_dir=cache_dir,
+                           force_download=force_download, local_files_only=local_files_only)
         if not isinstance(model, cls):
             raise TypeError(f"{name_or_path} holds a {type(model).__name__}, not a {cls.__name__}")
         return model

@@ -226,14 +226,20 @@ def _check_weights(path: Path, skeleton: nn.Module) -> None:
 
 
 def load_model(source: str | Path, device: torch.device | str = "cpu", revision: str | None = None,
-               refresh: bool = False) -> nn.Module:
+               refresh: bool = False, *, force_download: bool = False, local_files_only: bool = False,
+               token: str | bool | None = None, cache_dir: str | Path | None = None) -> nn.Module:
     """Load a saved model from a folder, a bundled short name, or the Hugging Face Hub as ``"org/name"``.
 
     Everything is checked before the network is built (see the module docstring); weights are
-    matched strictly. Errors are `CebmError` with one line that
-    names the file. ``refresh=True`` asks the Hub for a newer revision even when one is cached.
+    matched strictly. Errors are `CebmError` with one line that names the file.
+
+    The Hub options mean what they mean in huggingface_hub: ``force_download`` asks the Hub for the
+    newest revision and downloads again even when the model is cached (``refresh`` is the same),
+    ``local_files_only`` never uses the network, ``token`` authenticates (default: ``HF_TOKEN`` or the
+    saved login), ``cache_dir`` replaces the Hub cache folder.
     """
-    folder = resolve_source(source, revision, refresh)
+    folder = resolve_source(source, revision, refresh or force_download, local_files_only=local_files_only,
+                            token=token, cache_dir=cache_dir)
     payload = read_config(folder)
     _, model_cls = MODEL_TYPES[payload["model_type"]]
     config, sampler = typed_configs(folder, payload)
@@ -348,9 +354,11 @@ def looks_local(text: str) -> bool:
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
 
-def resolve_source(source: str | Path, revision: str | None = None, refresh: bool = False) -> Path:
+def resolve_source(source: str | Path, revision: str | None = None, refresh: bool = False, *,
+                   local_files_only: bool = False, token: str | bool | None = None,
+                   cache_dir: str | Path | None = None) -> Path:
     """The folder of a model: a local folder as is; a bundled model's short name; ``"org/name"`` from
-    the local Hub cache, or downloaded when not cached (or when ``refresh``)."""
+    the local Hub cache, or downloaded when not cached (or when ``refresh``; see :func:`load_model`)."""
     text = str(source)
     if not isinstance(source, Path):
         text, revision = split_revision(text, revision)
@@ -363,14 +371,15 @@ def resolve_source(source: str | Path, revision: str | None = None, refresh: boo
     if text in bundled_models():
         return BUNDLED_DIR / text
     if _REPO_ID.match(text):
-        return _from_hub(text, revision, refresh)
+        return _from_hub(text, revision, refresh, local_files_only, token, cache_dir)
     raise ModelNotFoundError(
         f"'{text}' is neither a model folder, a bundled model ({', '.join(bundled_models()) or 'none installed'})"
         " nor a Hub repository id ('org/name')"
     )
 
 
-def _from_hub(repo: str, revision: str | None, refresh: bool) -> Path:
+def _from_hub(repo: str, revision: str | None, refresh: bool, local_files_only: bool = False,
+              token: str | bool | None = None, cache_dir: str | Path | None = None) -> Path:
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub import errors as hub_errors
 
@@ -379,13 +388,15 @@ def _from_hub(repo: str, revision: str | None, refresh: bool) -> Path:
     if not refresh:
         try:  # the cache only: refs/<revision> -> snapshots/<commit>, no network
             patterns = [CONFIG_NAME, WEIGHTS_NAME, CARD_NAME]
-            return Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=patterns, local_files_only=True))
+            return Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=patterns, local_files_only=True,
+                                          cache_dir=cache_dir))
         except hub_errors.LocalEntryNotFoundError:
             pass  # not cached: download below
-    if constants.HF_HUB_OFFLINE:
-        raise ModelNotFoundError(f"{at} is not in the local Hub cache and HF_HUB_OFFLINE is set; "
-                                 "unset it to download the model, or pass a model folder")
-    return download_snapshot(repo, revision, force=refresh)
+    if local_files_only or constants.HF_HUB_OFFLINE:
+        why = "local_files_only is set" if local_files_only else "HF_HUB_OFFLINE is set"
+        raise ModelNotFoundError(f"{at} is not in the local Hub cache and {why}; "
+                                 "allow the download, or pass a model folder")
+    return download_snapshot(repo, revision, token=token, force=refresh, cache_dir=cache_dir)
 
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -431,7 +442,8 @@ def hub_file_timeout() -> float:
     return _positive_seconds("CEBM_HUB_FILE_TIMEOUT", "600")
 
 
-def download_snapshot(repo: str, revision: str | None = None, token: str | None = None, force: bool = False) -> Path:
+def download_snapshot(repo: str, revision: str | None = None, token: str | bool | None = None, force: bool = False,
+                      cache_dir: str | Path | None = None) -> Path:
     """Download a model's files into the Hugging Face cache; return the snapshot folder.
 
     The cache layout is huggingface_hub's (``models--org--name/{blobs,snapshots/<commit>,refs/<revision>}``),
@@ -465,7 +477,7 @@ def download_snapshot(repo: str, revision: str | None = None, token: str | None 
     missing = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if n not in names]
     if missing:
         raise ModelNotFoundError(f"{at} on the Hub has no {' or '.join(missing)}: not a composable_ebm model")
-    storage = Path(constants.HF_HUB_CACHE).expanduser() / f"models--{repo.replace('/', '--')}"
+    storage = Path(cache_dir or constants.HF_HUB_CACHE).expanduser() / f"models--{repo.replace('/', '--')}"
     snapshot = storage / "snapshots" / sha
     for name in (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME):
         if name in names and (force or not (snapshot / name).is_file()):

@@ -172,3 +172,18 @@ def test_a_push_to_a_hub_that_never_answers_fails_within_the_timeout(tmp_path, m
             assert time.perf_counter() - t0 < 15
     finally:
         set_client_factory(_http.default_client_factory)
+
+
+def test_from_pretrained_takes_huggingface_hubs_arguments(hub, tmp_path):
+    other = tmp_path / "other-cache"
+    with pytest.raises(ModelNotFoundError, match="not in the local Hub cache and local_files_only is set"):
+        MLPEnergy.from_pretrained("someorg/toy", cache_dir=other, local_files_only=True)
+    assert hub.requests == []
+    model = MLPEnergy.from_pretrained("someorg/toy", cache_dir=other, token="hf_test")
+    assert model.name == "v1" and (other / "models--someorg--toy" / "refs" / "main").is_file()
+    assert not hub.cache.exists()  # cache_dir replaced the default cache
+    asked = len(hub.requests)
+    assert MLPEnergy.from_pretrained("someorg/toy", cache_dir=other, local_files_only=True).name == "v1"
+    assert len(hub.requests) == asked
+    hub.repos["someorg/toy"]._commit(_files(tmp_path, "v2"), "main")
+    assert MLPEnergy.from_pretrained("someorg/toy", cache_dir=other, force_download=True).name == "v2"
