@@ -108,7 +108,9 @@ def model_card(model: nn.Module, recipe: str | None = None, recipe_name: str | N
         lines += ["", "## Use", "", "```python", "import composable_ebm as cebm", "", f"model = {load}",
                   f"images = model{example}.sample(n=16, seed=0)", "```"]
     elif attributes:
-        lines += ["", "## Use", "", "```python", "import composable_ebm as cebm", "", f"classifier = {load}",
+        size = config.get("image_size", 32)
+        lines += ["", "## Use", "", "```python", "import torch", "import composable_ebm as cebm", "",
+                  f"classifier = {load}", f"images = torch.rand(4, 3, {size}, {size})  # or samples, in [0, 1]",
                   "readings = classifier.predict(images)  # {attribute: value index per image}", "```"]
     if steps is not None or recipe:
         lines += ["", "## Training", ""]

@@ -47,6 +47,7 @@ class HubServer:
     def __init__(self) -> None:
         self.repos: dict[str, Repo] = {}
         self.requests: list[str] = []
+        self.auth: list[str | None] = []  # the Authorization header of each request
         self.script = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -92,6 +93,7 @@ class HubServer:
             def do_POST(self) -> None:
                 path = unquote(urlparse(self.path).path)
                 hub.requests.append(f"POST {path}")
+                hub.auth.append(self.headers.get("Authorization"))
                 body = self._body()
                 if path == "/api/repos/create":
                     req = json.loads(body)
@@ -137,6 +139,7 @@ class HubServer:
             def do_GET(self, head: bool = False) -> None:
                 path = unquote(urlparse(self.path).path)
                 hub.requests.append(f"{'HEAD' if head else 'GET'} {path}")
+                hub.auth.append(self.headers.get("Authorization"))
                 scripted = hub.script("HEAD" if head else "GET", path) if hub.script else None
                 if scripted is not None:
                     status, headers, chunks = scripted

@@ -330,3 +330,42 @@ def test_a_users_card_loads_the_users_model_states_only_this_run_and_sets_no_lic
     assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "3",
                                "--license", "apache-2.0"]).exit_code == 0
     assert "license: apache-2.0" in (run / "model" / "README.md").read_text()
+
+
+def test_list_threads_and_push_token(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from composable_ebm import MLPConfig, MLPEnergy
+    from tests.hub_server import HubServer
+
+    # cebm list: the bundled models, then a model in the Hub cache under its revision
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "cache" / "models--someorg--toy"
+    save_model(MLPEnergy(MLPConfig(name="toy", hidden=8, depth=1)), repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "v1").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    result = runner.invoke(app, ["list", "--json"])
+    rows = {r["name"]: r for r in json.loads(result.output)}
+    assert rows["shapes-color"]["attributes"] == {"color": ["red", "green", "blue"]}
+    assert rows["someorg/toy@v1"]["type"] == "mlp_energy" and rows["shapes-color"]["source"] == "bundled"
+    assert "shapes-classifier" in runner.invoke(app, ["list"]).output
+    # --threads sets torch's thread count for the command
+    before = torch.get_num_threads()
+    try:
+        assert runner.invoke(app, ["--threads", "1", "info", "shapes-color"]).exit_code == 0
+        runner.invoke(app, ["--threads", "1", "sample", "shapes-color", "-c", "color=red", "-n", "1", "--steps", "1",
+                            "--no-progress", "-o", str(tmp_path / "s.png")])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert runner.invoke(app, ["--threads", "0", "info", "shapes-color"]).exit_code == 2
+    # push --token: the token given, not the environment's
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
+    folder = save_model(MLPEnergy(MLPConfig(name="toy", hidden=8, depth=1)), tmp_path / "m")
+    with HubServer() as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        result = runner.invoke(app, ["push", str(folder), "someorg/pushed", "--token", "hf_given"])
+        assert result.exit_code == 0, result.output
+        assert "Bearer hf_given" in hub.auth and "someorg/pushed" in hub.repos
