@@ -1,9 +1,9 @@
 """What a guided term costs against a plain one: time of one sampler step (energy and gradient).
 
-    python -m benchmarks.guided_cost [--n 64] [--repeats 30]
+    python -m benchmarks.guided_cost [--n 64] [--repeats 30] [--models models/short-run]
 
 Times ``energy_and_grad`` of ``red + circle + large`` (plain) and ``guided(red + circle + large)`` on the
-bundled models, batch ``--n``, and prints the ratio. A guided term evaluates its conditioned and its
+models in ``--models`` (they need a null condition: the bundled ones have none), batch ``--n``, and prints the ratio. A guided term evaluates its conditioned and its
 unconditional energy in one call on a batch of ``2n``, so on a device where a batch of ``2n`` costs
 little more than one of ``n`` (a GPU at these sizes) the ratio nears 1; on a CPU, whose time grows with
 the batch, it nears 2.
@@ -42,10 +42,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--models", default="models/short-run", help="folder holding shapes-<attribute> models")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    color, shape, size = (load(f"shapes-{a}", device=args.device) for a in ("color", "shape", "size"))
+    color, shape, size = (load(f"{args.models}/shapes-{a}", device=args.device) for a in ("color", "shape", "size"))
     plain = color.condition(color="red") + shape.condition(shape="circle") + size.condition(size="large")
     forms = {"plain": plain, "guided": guided(plain)}
     x = torch.rand(args.n, 3, 16, 16, device=args.device)
@@ -55,7 +56,7 @@ def main() -> None:
     write_section("guided_cost", "\n".join([
         "## Cost of a guided term",
         "",
-        f"`python -m benchmarks.guided_cost --n {args.n}` on {machine()}: one sampler step (energy and gradient) of",
+        f"`python -m benchmarks.guided_cost --n {args.n} --models {args.models}` on {machine()}: one sampler step (energy and gradient) of",
         f"`{EXPRESSION}` on a batch of {args.n}: plain {1000 * seconds['plain']:.1f} ms, guided"
         f" {1000 * seconds['guided']:.1f} ms, **{ratio:.2f}x**. Each guided term is one network call on a batch of",
         f"{2 * args.n} (conditioned and unconditional halves); on this CPU the time of a call grows with its batch.",
