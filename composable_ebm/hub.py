@@ -358,7 +358,7 @@ def resolve_source(source: str | Path, revision: str | None = None, refresh: boo
                    local_files_only: bool = False, token: str | bool | None = None,
                    cache_dir: str | Path | None = None) -> Path:
     """The folder of a model: a local folder as is; a bundled model's short name; ``"org/name"`` from
-    the local Hub cache, or downloaded when not cached (or when ``refresh``; see :func:`load_model`)."""
+    the local Hub cache, or downloaded when not cached (or when ``refresh``; see `load_model`)."""
     text = str(source)
     if not isinstance(source, Path):
         text, revision = split_revision(text, revision)

@@ -47,9 +47,10 @@ def _a(noun: str) -> str:
     return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"
 
 
-def recipe_text(path) -> str:
-    """A recipe file and every base it starts from, comments removed (a card states facts about its own
-    run, not the notes written beside the shipped weights), the base first, so the card is complete."""
+def recipe_text(path) -> list[tuple[str, str]]:
+    """A recipe file and every base it starts from as ``(file name, text)``, the base first, comments
+    removed (a card states facts about its own run, not the notes written beside the shipped weights), so
+    the card holds the whole recipe."""
     from pathlib import Path
 
     import tomllib
@@ -64,11 +65,11 @@ def recipe_text(path) -> str:
     for name, text in reversed(chain):
         lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
         lines = [line.split("  #")[0].rstrip() if "  #" in line else line for line in lines]
-        parts.append(f"# {name}\n" + "\n".join(lines))
-    return "\n\n".join(parts)
+        parts.append((name, "\n".join(lines)))
+    return parts
 
 
-def model_card(model: nn.Module, recipe: str | None = None, recipe_name: str | None = None, steps: int | None = None,
+def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = None, recipe_name: str | None = None, steps: int | None = None,
                notes: str | None = None, repo_id: str | None = None, datasets: list[str] | None = None,
                metrics: list[str] | None = None, location: str | None = None, license: str | None = None,
                eval_results: list[dict] | None = None) -> str:
@@ -90,7 +91,7 @@ def model_card(model: nn.Module, recipe: str | None = None, recipe_name: str | N
         "",
         f"# {name}",
         "",
-        f"{_a(type(model).__name__).capitalize()} with {params:,} parameters, saved by composable_ebm as `config.json` +",
+        f"{_a(type(model).__name__)[0].upper()}{_a(type(model).__name__)[1:]} with {params:,} parameters, saved by composable_ebm as `config.json` +",
         "`model.safetensors`.",
     ]
     if energy:
@@ -116,9 +117,12 @@ def model_card(model: nn.Module, recipe: str | None = None, recipe_name: str | N
         lines += ["", "## Training", ""]
         if steps is not None:
             lines.append(f"Trained for {steps} iterations with improved contrastive divergence (EMA weights).")
-        if recipe:
-            lines += ["", f"Recipe (`{recipe_name or 'recipe.toml'}`, with the recipes it starts from):", "",
-                      "```toml", recipe.strip(), "```"]
+        files = [(recipe_name or "recipe.toml", recipe)] if isinstance(recipe, str) else list(recipe or [])
+        if files:
+            lines += ["", f"Recipe (`{recipe_name or files[-1][0]}`" + (", after the recipes it starts from" if
+                                                                         len(files) > 1 else "") + "):"]
+            for name, text in files:
+                lines += ["", f"`{name}`:", "", "```toml", text.strip(), "```"]
     if notes:
         lines += ["", notes.strip()]
     lines += ["", "## Config", "", "```json", json.dumps(config, indent=2), "```", "", "## Citation", "",

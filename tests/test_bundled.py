@@ -38,6 +38,10 @@ def test_model_card_usage_runs_as_written(name):
     card = (BUNDLED_DIR / name / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)\n```", card, re.DOTALL)
     assert blocks, f"{name}'s card has no usage block"
+    import tomllib
+
+    for recipe in re.findall(r"```toml\n(.*?)\n```", card, re.DOTALL):  # each recipe file of the card parses
+        tomllib.loads(recipe)
     namespace: dict = {}
     exec(blocks[0], namespace)  # noqa: S102 - the card's own example, as a user would paste it
     if name == "shapes-classifier":

@@ -155,7 +155,7 @@ def test_shapes_recipe_builds_its_network_and_data():
     data = build_dataset(replace(recipe.data, n=16))
     model = build_model(recipe, data)
     assert model.attributes == {"color": ("red", "green", "blue")} and model.input_shape == (3, 16, 16)
-    assert model(data.images[:2]).shape == (2,)
+    assert model(data.images[:2], {"color": torch.zeros(2, dtype=torch.long)}).shape == (2,)
 
 
 def test_recipe_errors_name_the_file_and_valid_settings(tmp_path):
@@ -325,7 +325,7 @@ def test_a_users_card_loads_the_users_model_states_only_this_run_and_sets_no_lic
     assert namespace["model"].name == "mine" and str(run / "model") in usage
     assert "license" not in card.split("---")[1] and "must not reach" not in card
     assert "arxiv:2012.01316" in card and "pipeline_tag: unconditional-image-generation" in card
-    (embedded,) = re.findall(r"```toml\n(.*?)\n```", card, re.DOTALL)
+    (embedded,) = re.findall(r"```toml\n(.*?)\n```", card, re.DOTALL)  # one file: its recipe has no base
     assert tomllib.loads(embedded)["model"]["name"] == "mine"  # complete: it parses on its own
     assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "3",
                                "--license", "apache-2.0"]).exit_code == 0
