@@ -1,7 +1,7 @@
 """Quick screen of a (shape, color) model pair: joint accuracy of every shape x colour conjunction (9),
 plain and, when both models have a null condition, guided; read by the bundled classifier.
 
-    python benchmarks/screens/pair_composition.py SHAPE_MODEL COLOR_MODEL [N] ['{"steps": 120}']
+    python benchmarks/screens/pair_composition.py SHAPE_MODEL COLOR_MODEL [N] ['{"steps": 120}'] [plain,guided]
 
 The recipes of the screening runs are beside this file (``cebm train benchmarks/screens/X.toml --out runs/X``).
 """
@@ -15,7 +15,8 @@ n = int(sys.argv[3]) if len(sys.argv) > 3 else 32
 over = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 clf = load_model("shapes-classifier").eval()
 rows = []
-for form in ("plain", "guided"):
+forms = sys.argv[5].split(",") if len(sys.argv) > 5 else ["plain", "guided"]
+for form in forms:
     if form == "guided" and not (sh.has_null_condition and co.has_null_condition):
         continue
     for s, c in itertools.product(("circle", "square", "triangle"), ("red", "green", "blue")):
