@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from safetensors import SafetensorError
 from typer.core import TyperGroup
 
-from composable_ebm.errors import CebmError, InvalidInputError
+from composable_ebm.errors import CebmError, InvalidInputError, a_type
 
 if TYPE_CHECKING:  # torch is imported by the commands that need it, so `cebm --help` starts at once
     import torch
@@ -356,24 +357,26 @@ def _check_outputs(n: int, output: Path, chain: Path | None) -> None:
 def _load_energy(name: str, device: torch.device, refresh: bool = False):
     """A model that must be an energy (not a classifier)."""
     from composable_ebm.energy import Energy
-    from composable_ebm.hub import load_model
 
-    model = load_model(name, device, refresh=refresh)
-    if not isinstance(model, Energy):
-        raise InvalidInputError(f"{name} is {_a(type(model).__name__)}, not an energy; sample, compose and eval ood"
-                                " take energy models")
-    return model
+    return _load_as(name, device, refresh, Energy,
+                    lambda kind: f"{name} is {kind}, not an energy; sample, compose and eval ood take energy models")
 
 
 def _load_classifier(name: str, device: torch.device, refresh: bool = False):
     """A model that must be an attribute classifier."""
     from composable_ebm.evaluation import AttributeClassifier
+
+    return _load_as(name, device, refresh, AttributeClassifier,
+                    lambda kind: f"--classifier {name} is {kind}, not an attribute classifier (e.g. shapes-classifier)")
+
+
+def _load_as(name: str, device: torch.device, refresh: bool, cls: type, message: Callable[[str], str]):
+    """``load_model``, refusing a model of another kind with ``message(kind found)``."""
     from composable_ebm.hub import load_model
 
     model = load_model(name, device, refresh=refresh)
-    if not isinstance(model, AttributeClassifier):
-        raise InvalidInputError(f"--classifier {name} is {_a(type(model).__name__)}, not an attribute classifier"
-                                " (e.g. shapes-classifier)")
+    if not isinstance(model, cls):
+        raise InvalidInputError(message(a_type(model)))
     return model
 
 
@@ -610,8 +613,3 @@ def eval_ood(
 
 if __name__ == "__main__":  # `python -m composable_ebm.cli`, e.g. under torchrun
     app()
-
-
-def _a(noun: str) -> str:
-    """``noun`` with its indefinite article."""
-    return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"

@@ -44,3 +44,9 @@ class HubUnavailableError(RunFailure):
 
 class FolderLockedError(CebmError, RuntimeError):
     """Another live process holds a run folder."""
+
+
+def a_type(obj: object) -> str:
+    """The type of ``obj`` with its indefinite article, for messages: "an AttributeClassifier", "a ResNetEnergy"."""
+    noun = type(obj).__name__
+    return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 
 from composable_ebm.energy import Energy, guided
-from composable_ebm.errors import InvalidInputError
+from composable_ebm.errors import InvalidInputError, a_type
 
 MAX_DEPTH = 32
 """Deepest nesting of parentheses (and of ``NUMBER *`` prefixes) an expression may use."""
@@ -146,7 +146,7 @@ class _Parser:
         if name not in self.cache:
             loaded = self.load(name)
             if not isinstance(loaded, Energy):
-                raise InvalidInputError(f"in {self.text!r}: {name} is {_a(type(loaded).__name__)}, not an energy;"
+                raise InvalidInputError(f"in {self.text!r}: {name} is {a_type(loaded)}, not an energy;"
                                         " only energy models compose")
             self.cache[name] = loaded
         energy = self.cache[name]
@@ -177,8 +177,3 @@ def parse_expression(text: str, load: Callable[[str], Energy]) -> Energy:
     if len(text) > MAX_LENGTH:
         raise InvalidInputError(f"expression of {len(text)} characters; at most {MAX_LENGTH}")
     return _Parser(text, load).parse()
-
-
-def _a(noun: str) -> str:
-    """``noun`` with its indefinite article."""
-    return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from composable_ebm import __version__
-from composable_ebm.atomic import fsync_file, pid_alive, shared_mode
+from composable_ebm.atomic import fsync_file, pid_alive, shared_mode, write_atomic
 from composable_ebm.configs import config_from_dict, config_to_dict
 from composable_ebm.energy import Energy
 from composable_ebm.errors import (
@@ -483,19 +483,11 @@ def download_snapshot(repo: str, revision: str | None = None, token: str | bool 
         if name in names and (force or not (snapshot / name).is_file()):
             _download_file(f"{endpoint}/{repo}/resolve/{sha}/{name}", headers, storage, snapshot / name,
                            timeout, file_timeout, f"{at}: {name}")
-    if revision is not None and revision != sha:  # refs/<revision> holds the commit, as huggingface_hub writes it
-        ref = storage / "refs" / revision
+    if (revision or "main") != sha:  # refs/<revision> holds the commit, as huggingface_hub writes it
+        ref = storage / "refs" / (revision or "main")
         if Path(os.path.abspath(storage / "refs")) not in Path(os.path.abspath(ref)).parents:
             raise InvalidInputError(f"revision {revision!r} would write outside the cache")  # unreachable after check
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
-        tmp.write_text(sha)
-        os.replace(tmp, ref)
-    elif revision is None:
-        (storage / "refs").mkdir(parents=True, exist_ok=True)
-        tmp = storage / "refs" / f".main.{os.getpid()}.tmp"
-        tmp.write_text(sha)
-        os.replace(tmp, storage / "refs" / "main")
+        write_atomic(ref, lambda tmp: Path(tmp).write_text(sha))
     return snapshot
 
 
@@ -522,12 +514,8 @@ def _hub_request(method: str, url: str, headers: dict, timeout: float, at: str, 
                                           stream=True)
         else:
             response = get_session().request(method, url, headers=headers, timeout=bound)
-    except httpx2.TimeoutException as err:
-        raise HubUnavailableError(f"{at} is not in the local cache and the Hub ({constants.ENDPOINT}) did not answer"
-                                  f" within {timeout:g} s ({type(err).__name__}); CEBM_HUB_TIMEOUT sets the wait") from err
     except httpx2.HTTPError as err:
-        raise HubUnavailableError(f"{at} is not in the local cache and the Hub ({constants.ENDPOINT}) could not be"
-                                  f" reached: {' '.join(str(err).split())[:200] or type(err).__name__}") from err
+        raise _unreachable(f"{at} is not in the local cache and", err, timeout) from err
     if response.status_code < 300:
         return response
     if stream:
@@ -641,7 +629,7 @@ def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, p
                 token: str | None = None, commit_message: str | None = None) -> str:
     """Publish a saved model folder (checked by loading it first); see `push_to_hub`."""
     import httpx2
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import HfApi
     from huggingface_hub import errors as hub_errors
 
     folder = Path(folder)
@@ -668,18 +656,24 @@ def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, p
                 api.create_branch(repo_id, branch=revision, exist_ok=True)
             info = api.upload_folder(folder_path=upload, repo_id=repo_id, revision=revision,
                                      commit_message=commit_message or f"Upload {folder.name} with composable_ebm")
-        except hub_errors.HTTPError as err:
+        except hub_errors.HTTPError as err:  # huggingface_hub's own, wrapping the HTTP client's
             if not _timed_out(err):
                 raise HubUnavailableError(f"pushing {folder} to {repo_id} failed: {' '.join(str(err).split())[:300]}") from err
-            raise HubUnavailableError(f"pushing {folder} to {repo_id}: the Hub ({constants.ENDPOINT}) did not answer"
-                                      f" within {timeout:g} s; CEBM_HUB_TIMEOUT sets the wait") from err
-        except httpx2.TimeoutException as err:
-            raise HubUnavailableError(f"pushing {folder} to {repo_id}: the Hub ({constants.ENDPOINT}) did not answer"
-                                      f" within {timeout:g} s ({type(err).__name__}); CEBM_HUB_TIMEOUT sets the wait") from err
+            raise _unreachable(f"pushing {folder} to {repo_id}:", err, timeout) from err
         except httpx2.HTTPError as err:
-            raise HubUnavailableError(f"pushing {folder} to {repo_id}: the Hub ({constants.ENDPOINT}) could not be"
-                                      f" reached ({' '.join(str(err).split())[:200] or type(err).__name__})") from err
+            raise _unreachable(f"pushing {folder} to {repo_id}:", err, timeout) from err
     return str(info)
+
+
+def _unreachable(prefix: str, err: BaseException, timeout: float) -> HubUnavailableError:
+    """One line for a Hub that did not answer in time (``CEBM_HUB_TIMEOUT``) or could not be reached."""
+    from huggingface_hub import constants
+
+    if _timed_out(err):
+        return HubUnavailableError(f"{prefix} the Hub ({constants.ENDPOINT}) did not answer within {timeout:g} s"
+                                   f" ({type(err).__name__}); CEBM_HUB_TIMEOUT sets the wait")
+    return HubUnavailableError(f"{prefix} the Hub ({constants.ENDPOINT}) could not be reached"
+                               f" ({' '.join(str(err).split())[:200] or type(err).__name__})")
 
 
 def _timed_out(err: BaseException) -> bool:

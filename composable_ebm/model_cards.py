@@ -8,6 +8,7 @@ from torch import nn
 
 from composable_ebm.configs import config_to_dict
 from composable_ebm.energy import Energy
+from composable_ebm.errors import a_type
 
 CITATION = """@inproceedings{du2021improved,
   title={Improved Contrastive Divergence Training of Energy-Based Models},
@@ -41,10 +42,6 @@ def card_metadata(datasets: list[str] | None = None, metrics: list[str] | None =
     data = ModelCardData(library_name="composable_ebm", tags=TAGS, license=license, datasets=datasets, metrics=metrics,
                          pipeline_tag=pipeline_tag, model_name=model_name if results else None, eval_results=results)
     return f"---\n{data.to_yaml()}\n---"
-
-
-def _a(noun: str) -> str:
-    return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"
 
 
 def recipe_text(path) -> list[tuple[str, str]]:
@@ -91,7 +88,7 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
         "",
         f"# {name}",
         "",
-        f"{_a(type(model).__name__)[0].upper()}{_a(type(model).__name__)[1:]} with {params:,} parameters, saved by composable_ebm as `config.json` +",
+        f"{a_type(model)[0].upper()}{a_type(model)[1:]} with {params:,} parameters, saved by composable_ebm as `config.json` +",
         "`model.safetensors`.",
     ]
     if energy:
