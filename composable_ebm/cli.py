@@ -489,6 +489,31 @@ def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name o
     typer.echo(json.dumps({"folder": str(folder), "tensor_elements": tensors, **payload}, indent=2))
 
 
+@app.command()
+def studio(
+    host: Annotated[str, typer.Option(help="Address to serve on (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[Optional[int], typer.Option(help="Port (default: the first free one from 7860).",
+                                                 min=1, max=65535)] = None,
+    device: DeviceOpt = None,
+) -> None:
+    """Compose models in the browser: terms, weights, negation, the expression, samples with their readings.
+
+    Needs the studio extra: pip install -e ".[studio]". It works offline (no analytics, local fonts).
+
+    \b
+    Example: cebm studio --port 7860
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("gradio") is None:
+        typer.secho('error: cebm studio needs Gradio, the studio extra: pip install -e ".[studio]" (from a clone)'
+                    ' or pip install "composable_ebm[studio]"', fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
+    from composable_ebm.studio import launch
+
+    launch(host=host, port=port, device=str(_device(device)))
+
+
 @eval_app.command("compose")
 def eval_compose(
     expression: Annotated[str, typer.Argument(help="Composition expression, as for `cebm compose`.")],

@@ -33,7 +33,8 @@ _TOKEN = re.compile(
 )
 
 
-def _tokenize(text: str) -> list[tuple[str, str]]:
+def tokenize(text: str) -> list[tuple[str, str]]:
+    """``(kind, text)`` pairs, kind ``number``, ``name`` or ``op``; one line naming the position on a bad character."""
     tokens, pos = [], 0
     text = text.rstrip()
     while pos < len(text):
@@ -50,7 +51,7 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
 class _Parser:
     def __init__(self, text: str, load: Callable[[str], Energy]) -> None:
         self.text = text
-        self.tokens = _tokenize(text)
+        self.tokens = tokenize(text)
         self.i = 0
         self.load = load
         self.cache: dict[str, Energy] = {}

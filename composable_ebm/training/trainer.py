@@ -98,6 +98,10 @@ class TrainerConfig(JSONConfig):
     """Which samples the full buffer keeps: a uniform `reservoir` sample of all, or the newest (`fifo`)."""
     reinit_prob: float = 0.001
     """chain starts from fresh noise (experiments: 0.1%; Algorithm 1: 1%)"""
+    data_start_prob: float = 0.0
+    """Probability that a chain starts from a training image drawn independently of its positive (so
+    usually of other attribute values) and runs under the positive's condition: the model learns to
+    edit its attribute into an image whose other attributes it keeps. Not in the paper; 0: off."""
     cd_l2: float = 1.0
     """alpha of the L2 energy regulariser (authors' code)"""
     kl_opt: bool = True
@@ -142,6 +146,7 @@ class TrainerConfig(JSONConfig):
         owner = "TrainerConfig"
         check_range(owner, "ema_decay", self.ema_decay, 0.0, 1.0, high_open=True)
         check_range(owner, "reinit_prob", self.reinit_prob, 0.0, 1.0)
+        check_range(owner, "data_start_prob", self.data_start_prob, 0.0, 1.0)
         check_size(owner, "seed", self.seed, low=0, high=2**62)  # rollbacks and ranks add offsets to it
         check_range(owner, "label_dropout", self.label_dropout, 0.0, 1.0, high_open=True)
         check_range(owner, "lr", self.lr, 0.0, low_open=True)
@@ -366,14 +371,24 @@ class Trainer:
         """
         noise = initial_noise(self.energy, n, self.generator, self.device, self.config.sampler.init_scale)
         if len(self.buffer) == 0:
-            return noise, dict(pos_labels)
+            return self._from_data(noise), dict(pos_labels)
         old, old_labels = self.buffer.sample(n, self.generator)
         fresh = torch.rand(n, generator=self.generator, device=self.device) < self.config.reinit_prob
         shape = (-1,) + (1,) * (noise.ndim - 1)
-        x = torch.where(fresh.view(shape), noise, old)
+        x = self._from_data(torch.where(fresh.view(shape), noise, old))
         if self.config.negative_labels == "positives":
             return x, dict(pos_labels)
         return x, {a: torch.where(fresh, pos_labels[a], old_labels[a]) for a in pos_labels}
+
+    def _from_data(self, x: Tensor) -> Tensor:
+        """Replace each start by an independently drawn training image with probability ``data_start_prob``."""
+        p = self.config.data_start_prob
+        if p == 0:
+            return x
+        n = x.shape[0]
+        idx = torch.randint(self.images.shape[0], (n,), generator=self.generator, device=self.device)
+        use = torch.rand(n, generator=self.generator, device=self.device) < p
+        return torch.where(use.view((-1,) + (1,) * (x.ndim - 1)), as_float_images(self.images[idx]).to(x.dtype), x)
 
     def train_step(self) -> dict[str, float]:
         """One iteration of Algorithm 1; returns its statistics (raises on a fault)."""

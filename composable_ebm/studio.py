@@ -1,0 +1,662 @@
+"""``cebm studio``: compose models in the browser.
+
+A local web app (Gradio, the optional ``studio`` extra: ``pip install -e ".[studio]"``) that edits a list
+of terms, shows the expression ``cebm compose`` would take for them, samples it and shows each sample
+with the bundled classifier's reading. Everything it does goes through the public API: the expression
+parser, the energy algebra and `composable_ebm.sampling.sample`.
+
+The first half of this module holds the page's logic as plain functions (terms to expression and back,
+readings, one generation), tested without a browser; `build_app` wires them to Gradio components.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from composable_ebm.errors import CebmError, InvalidInputError
+from composable_ebm.expression import parse_expression, tokenize
+
+log = logging.getLogger(__name__)
+
+OPERATORS = ("and", "and not", "or")
+"""How a term joins the terms before it: ``+``, ``-`` (a weighted negation) or ``|`` (a new alternative)."""
+FORMS = ("plain", "guided")
+"""Plain sums (``a + b``) or the guided form (``guided(a + b)``), which needs models with a null condition."""
+MAX_TERMS = 8
+"""Most terms the controls show; a longer expression is still sampled, as typed."""
+CLASSIFIER = "shapes-classifier"
+INSTALL_LINE = 'pip install -e ".[studio]"  (from a clone; or pip install "composable_ebm[studio]")'
+
+
+@dataclass
+class Term:
+    """One row of the page: a model, the values it is conditioned on, a weight, how it joins the terms
+    before it and an optional temperature."""
+
+    model: str
+    bindings: dict[str, str] = field(default_factory=dict)
+    weight: float = 1.0
+    op: str = "and"
+    temperature: float | None = None
+
+    def check(self) -> None:
+        if not self.model.strip():
+            raise InvalidInputError("a term has no model; pick one or remove the term")
+        if self.op not in OPERATORS:
+            raise InvalidInputError(f"unknown operator {self.op!r}; valid choices: {list(OPERATORS)}")
+        if not (isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0):
+            raise InvalidInputError(f"the weight of {self.model} must be a number > 0, got {self.weight!r};"
+                                    " to subtract a term, use the operator 'and not'")
+        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise InvalidInputError(f"the temperature of {self.model} must be a number > 0, got {self.temperature!r}")
+
+
+def _number(x: float) -> str:
+    """A number as the expression grammar reads it: 2, 0.5, 1e-05."""
+    return format(float(x), "g")
+
+
+def term_text(term: Term) -> str:
+    """One term as an expression: ``2*shapes-color[color=red] / 0.5``."""
+    text = term.model.strip()
+    if term.bindings:
+        text += "[" + ", ".join(f"{a}={v}" for a, v in term.bindings.items()) + "]"
+    if term.weight != 1:
+        text = f"{_number(term.weight)}*{text}"
+    if term.temperature is not None and term.temperature != 1:
+        text += f" / {_number(term.temperature)}"
+    return text
+
+
+def alternatives(terms: Sequence[Term]) -> list[list[Term]]:
+    """The terms split at each ``or``: the sums whose disjunction the expression is."""
+    groups: list[list[Term]] = []
+    for term in terms:
+        if not groups or term.op == "or":
+            groups.append([])
+        groups[-1].append(term)
+    return groups
+
+
+def terms_to_expression(terms: Sequence[Term], form: str = "plain") -> str:
+    """The expression ``cebm compose`` takes for ``terms``: ``and`` is ``+``, ``and not`` is ``-``, ``or``
+    starts a new alternative (``|``); in the guided form each alternative is wrapped in ``guided(...)``."""
+    if form not in FORMS:
+        raise InvalidInputError(f"unknown form {form!r}; valid choices: {list(FORMS)}")
+    if not terms:
+        raise InvalidInputError("no terms: add a term to compose")
+    parts = []
+    for group in alternatives(terms):
+        text = ""
+        for i, term in enumerate(group):
+            term.check()
+            negative = term.op == "and not"
+            if i == 0:
+                text = ("-" if negative else "") + term_text(term)
+            else:
+                text += (" - " if negative else " + ") + term_text(term)
+        parts.append(f"guided({text})" if form == "guided" else text)
+    return " | ".join(parts)
+
+
+class _Unshowable(Exception):
+    """The expression is valid grammar for `parse_expression` but the controls cannot show it."""
+
+
+class _TermParser:
+    """Reads the expressions `terms_to_expression` writes (and the same shapes written by hand)."""
+
+    def __init__(self, text: str) -> None:
+        self.tokens = tokenize(text)
+        self.i = 0
+
+    def peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def at(self, kind: str, value: str | None = None) -> bool:
+        tok = self.peek()
+        return tok is not None and tok[0] == kind and (value is None or tok[1] == value)
+
+    def take(self, kind: str, value: str | None = None) -> str:
+        if not self.at(kind, value):
+            raise _Unshowable
+        self.i += 1
+        return self.tokens[self.i - 1][1]
+
+    def parse(self) -> tuple[list[Term], str]:
+        terms: list[Term] = []
+        forms = set()
+        while True:
+            guided = self.at("name", "guided") and self.i + 1 < len(self.tokens) and self.tokens[self.i + 1] == ("op", "(")
+            if guided:
+                self.take("name")
+                self.take("op", "(")
+            group = self.sum()
+            if guided:
+                self.take("op", ")")
+            forms.add("guided" if guided else "plain")
+            if terms:
+                group[0].op = "or"
+            terms += group
+            if not self.at("op", "|"):
+                break
+            self.take("op", "|")
+        if self.peek() is not None or len(forms) != 1 or len(terms) > MAX_TERMS:
+            raise _Unshowable
+        return terms, forms.pop()
+
+    def sum(self) -> list[Term]:
+        op = "and not" if self.at("op", "-") else "and"
+        if op == "and not":
+            self.take("op", "-")
+        group = [self.term(op)]
+        while self.at("op", "+") or self.at("op", "-"):
+            sign = self.take("op")
+            group.append(self.term("and" if sign == "+" else "and not"))
+        return group
+
+    def term(self, op: str) -> Term:
+        weight = 1.0
+        if self.at("number"):
+            weight = float(self.take("number"))
+            self.take("op", "*")
+        model = self.take("name")
+        if model == "guided":
+            raise _Unshowable
+        bindings: dict[str, str] = {}
+        if self.at("op", "["):
+            self.take("op", "[")
+            while True:
+                attr = self.take("name")
+                if attr in bindings:
+                    raise _Unshowable
+                self.take("op", "=")
+                bindings[attr] = self.take("number") if self.at("number") else self.take("name")
+                if not self.at("op", ","):
+                    break
+                self.take("op", ",")
+            self.take("op", "]")
+        temperature = None
+        while self.at("op", "*") or self.at("op", "/"):
+            sign = self.take("op")
+            number = float(self.take("number"))
+            if sign == "*":
+                weight *= number
+            elif temperature is None:
+                temperature = number
+            else:
+                raise _Unshowable
+        if weight <= 0 or (temperature is not None and temperature <= 0):
+            raise _Unshowable
+        return Term(model, bindings, weight, op, temperature)
+
+
+def expression_to_terms(text: str) -> tuple[list[Term], str] | None:
+    """The terms and form the controls show for ``text``, or ``None`` when they cannot show it (nested
+    parentheses, a weight on a parenthesised group, more than `MAX_TERMS` terms ...). Such an expression
+    is still sampled as typed. Raises `InvalidInputError` only for text the grammar cannot tokenize."""
+    if not text.strip():
+        return None
+    try:
+        return _TermParser(text).parse()
+    except _Unshowable:
+        return None
+
+
+# ----------------------------------------------------------------------------------------- readings
+@dataclass
+class Reading:
+    """The classifier's reading of one sample: ``(attribute, value read, mark)`` per attribute, where the
+    mark is ``True`` (as asked), ``False`` (not as asked) or ``None`` (not asked)."""
+
+    values: list[tuple[str, str, bool | None]]
+
+    @property
+    def as_asked(self) -> bool | None:
+        marks = [m for _, _, m in self.values if m is not None]
+        return all(marks) if marks else None
+
+
+def asked_attributes(terms: Sequence[Term]) -> list[tuple[dict[str, str], dict[str, str]]]:
+    """Per alternative: the values asked for (``and`` terms) and those asked against (``and not`` terms)."""
+    out = []
+    for group in alternatives(terms):
+        want = {a: v for t in group if t.op != "and not" for a, v in t.bindings.items()}
+        avoid = {a: v for t in group if t.op == "and not" for a, v in t.bindings.items()}
+        out.append((want, avoid))
+    return out
+
+
+def read_samples(images: Any, classifier: Any, asked: Sequence[tuple[Mapping[str, str], Mapping[str, str]]] | None
+                 ) -> list[Reading]:
+    """The classifier's reading of each image, marked against the alternative of ``asked`` it matches best
+    (an ``or`` is right when any alternative is); attributes the classifier does not know stay unmarked."""
+    attributes = classifier.config.attributes
+    device = next(classifier.parameters()).device
+    pred = {a: v.cpu().tolist() for a, v in classifier.predict(images.float().to(device)).items()}
+    readings = []
+    for i in range(images.shape[0]):
+        read = {a: attributes[a][pred[a][i]] for a in attributes}
+        best: dict[str, bool] = {}
+        for want, avoid in asked or []:
+            marks = {a: read[a] == v for a, v in want.items() if a in read}
+            marks |= {a: read[a] != v for a, v in avoid.items() if a in read}
+            if not best or sum(marks.values()) - len(marks) > sum(best.values()) - len(best):
+                best = marks
+        readings.append(Reading([(a, read[a], best.get(a)) for a in attributes]))
+    return readings
+
+
+def _png_data_uri(image: Any) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def readings_html(images: Any, readings: Sequence[Reading], avoid: Mapping[str, str] | None = None) -> str:
+    """Each sample (upscaled, pixels kept crisp) with its reading beside it: a tick for a value as asked,
+    a cross for one not as asked."""
+    from composable_ebm.images import image_grid
+
+    asked = [r.as_asked for r in readings if r.as_asked is not None]
+    head = (f"<p class='cebm-summary'>{sum(asked)} of {len(asked)} samples read as asked (classifier:"
+            f" {CLASSIFIER})</p>" if asked else f"<p class='cebm-summary'>read by {CLASSIFIER}</p>")
+    cells = []
+    for i, reading in enumerate(readings):
+        uri = _png_data_uri(image_grid(images[i:i + 1], padding=0))
+        lines = []
+        for attr, value, mark in reading.values:
+            tag = "" if mark is None else (" <span class='cebm-right'>&#10003;</span>" if mark
+                                           else " <span class='cebm-wrong'>&#10007;</span>")
+            lines.append(f"<span title='{html.escape(attr)}'>{html.escape(value)}</span>{tag}")
+        state = {True: "right", False: "wrong", None: "unmarked"}[reading.as_asked]
+        cells.append(f"<figure class='cebm-sample cebm-{state}'><img src='{uri}' alt='sample {i + 1}'>"
+                     f"<figcaption>{'<br>'.join(lines)}</figcaption></figure>")
+    return head + "<div class='cebm-samples'>" + "".join(cells) + "</div>"
+
+
+# --------------------------------------------------------------------------------------- generation
+class ModelCache:
+    """Loads each model once per name (``load_model``), so editing terms does not reload weights."""
+
+    def __init__(self, device: str = "cpu", loader: Callable[..., Any] | None = None) -> None:
+        self.device = device
+        self.models: dict[str, Any] = {}
+        self._loader = loader
+
+    def __call__(self, name: str) -> Any:
+        if name not in self.models:
+            if self._loader is None:
+                from composable_ebm.hub import load_model
+
+                self._loader = load_model
+            self.models[name] = self._loader(name, self.device)
+        return self.models[name]
+
+    def attributes(self, name: str) -> dict[str, tuple[str, ...]]:
+        return dict(getattr(self(name), "attributes", {}) or {})
+
+    def energy(self, expression: str) -> Any:
+        return parse_expression(expression, self)
+
+
+@dataclass
+class Generation:
+    """What one press of Generate made."""
+
+    samples: Any  # (n, C, H, W) in [0, 1]
+    grid: Any  # PIL image
+    chain: Any  # PIL image: chains from noise (left) to samples (right)
+    readings: list[Reading]
+    seconds: float  # sampling only (models loaded, no drawing)
+    expression: str  # the composite as the library writes it
+    png: Path
+
+
+def sampler_overrides(steps: str | int | None, step_size: str | float | None) -> dict[str, Any]:
+    """The sampler settings the page changes; empty fields keep the composite's own."""
+    overrides: dict[str, Any] = {}
+    steps = str(steps).strip() if steps is not None else ""
+    step_size = str(step_size).strip() if step_size is not None else ""
+    if steps:
+        if not steps.isdigit() or int(steps) < 1:
+            raise InvalidInputError(f"steps must be a whole number >= 1 (empty: the composite's own), got {steps!r}")
+        overrides["steps"] = int(steps)
+    if step_size:
+        try:
+            value = float(step_size)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise InvalidInputError(f"step size must be a number > 0 (empty: the composite's own), got {step_size!r}")
+        overrides["step_size"] = value
+    return overrides
+
+
+def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, steps: str | int | None = None,
+             step_size: str | float | None = None, on_step: Callable[[int, int], None] | None = None,
+             out_dir: Path | None = None) -> Generation:
+    """Sample ``expression`` as ``cebm compose`` does and read the samples with the bundled classifier."""
+    from composable_ebm.images import chain_strip, image_grid
+    from composable_ebm.sampling import resolve_config, sample
+
+    if isinstance(n, bool) or not float(n).is_integer() or not 1 <= int(n) <= 256:
+        raise InvalidInputError(f"the number of samples must be a whole number from 1 to 256, got {n!r}")
+    if not float(seed).is_integer() or not 0 <= int(seed) < 2**63:
+        raise InvalidInputError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed!r}")
+    energy = models.energy(expression)
+    if len(energy.input_shape) != 3:
+        raise InvalidInputError(f"the studio draws images; {expression!r} takes inputs of shape {energy.input_shape}")
+    overrides = sampler_overrides(steps, step_size)
+    total = resolve_config(energy, None, overrides).total_steps
+    callback = (lambda record: on_step(record["step"], total)) if on_step is not None else None
+    start = time.perf_counter()
+    result = sample(energy, int(n), seed=int(seed), keep_every=max(1, total // 10), callback=callback, **overrides)
+    seconds = time.perf_counter() - start
+    parsed = expression_to_terms(expression)
+    asked = asked_attributes(parsed[0]) if parsed is not None else None
+    classifier = models(CLASSIFIER)
+    readings = read_samples(result.samples, classifier, asked) if result.samples.shape[1] == 3 else []
+    grid = image_grid(result.samples)
+    out_dir = Path(out_dir or tempfile.mkdtemp(prefix="cebm-studio-"))
+    png = out_dir / f"composed-seed{int(seed)}.png"
+    grid.save(png)
+    return Generation(result.samples, grid, chain_strip(result.chain), readings, seconds, energy.expression(), png)
+
+
+def sampler_summary(models: ModelCache, expression: str) -> str:
+    """The settings Generate uses when the sampler fields are empty: the composite's own."""
+    from composable_ebm.sampling import default_sampler_config
+
+    cfg = default_sampler_config(models.energy(expression))
+    schedule = f"{cfg.rounds} rounds x {cfg.steps} steps" + (f" + {cfg.final_steps}" if cfg.final_steps else "")
+    return f"its own sampler: {schedule} ({cfg.total_steps} in all), step size {cfg.step_size:.4g}, noise {cfg.noise:g}"
+
+
+def error_line(err: BaseException) -> str:
+    """The one line the page shows for a failure: the library's message for what it expects (bad input,
+    a missing model, a Hub that cannot be reached), a bug-report line for anything else."""
+    from composable_ebm.cli import exit_code_for, one_line
+
+    if isinstance(err, CebmError) or exit_code_for(err) is not None:
+        return f"error: {one_line(err)}"
+    log.exception("studio: unexpected error")
+    return (f"internal error ({type(err).__name__}: {one_line(err)}); this is a bug in composable_ebm,"
+            " please report it with the server's log")
+
+
+def energy_models() -> list[str]:
+    """The bundled and cached energy models the model lists offer (classifiers are left out)."""
+    from composable_ebm.hub import list_models
+
+    return [row["name"] for row in list_models() if row.get("type") and "classifier" not in row["type"]]
+
+
+DEFAULT_TERMS = (
+    Term("shapes-color", {"color": "red"}),
+    Term("shapes-shape", {"shape": "circle"}),
+    Term("shapes-size", {"size": "large"}),
+)
+
+
+# ---------------------------------------------------------------------------------------- the page
+CSS = """
+.cebm-samples { display: flex; flex-wrap: wrap; gap: 10px; }
+.cebm-sample { margin: 0; display: flex; gap: 6px; align-items: flex-start; padding: 4px;
+               border: 1px solid var(--border-color-primary); border-radius: 4px; }
+.cebm-sample img { width: 64px; height: 64px; image-rendering: pixelated; }
+.cebm-sample figcaption { font-size: 12px; line-height: 1.35; min-width: 72px; }
+.cebm-right { color: #1a7f37; font-weight: 600; }
+.cebm-wrong { color: #cf222e; font-weight: 600; }
+#grid img, #chain img { image-rendering: pixelated; }
+"""
+
+SLOT_FIELDS = 5  # operator, model, values, weight, temperature
+
+
+def value_choices(attributes: Mapping[str, Sequence[str]]) -> list[str]:
+    return [f"{a}={v}" for a, values in attributes.items() for v in values]
+
+
+def terms_from_slots(count: int, flat: Sequence[Any]) -> list[Term]:
+    """The terms the first ``count`` rows of controls hold (``flat``: every row's five values in turn)."""
+    terms = []
+    for i in range(int(count)):
+        op, model, values, weight, temperature = flat[i * SLOT_FIELDS:(i + 1) * SLOT_FIELDS]
+        bindings: dict[str, str] = {}
+        for item in values or []:
+            attr, sep, value = str(item).partition("=")
+            if not sep or not attr.strip() or not value.strip():
+                raise InvalidInputError(f"value {item!r} of {model} is not attr=value, e.g. color=red")
+            if attr.strip() in bindings:
+                raise InvalidInputError(f"{model} binds {attr.strip()} twice ({bindings[attr.strip()]} and"
+                                        f" {value.strip()}); an attribute takes one value (for either, use 'or')")
+            bindings[attr.strip()] = value.strip()
+        weight = 1.0 if weight in (None, "") else float(weight)
+        temperature = None if temperature in (None, "") or float(temperature) == 1 else float(temperature)
+        terms.append(Term(str(model or "").strip(), bindings, weight, op or "and", temperature))
+    return terms
+
+
+def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
+    """The Gradio app (``gradio.Blocks``); ``cebm studio`` launches it, a Space's ``app.py`` too."""
+    import gradio as gr
+
+    models = models or ModelCache(device)
+    offered = energy_models()
+    out_dir = Path(tempfile.mkdtemp(prefix="cebm-studio-"))
+
+    def choices_for(model: str) -> list[str]:
+        try:
+            return value_choices(models.attributes(model)) if model else []
+        except Exception:  # noqa: BLE001 - a model that does not load offers no values; its error shows on Generate
+            return []
+
+    def slot_updates(terms: Sequence[Term]) -> list[Any]:
+        updates = []
+        for i in range(MAX_TERMS):
+            if i < len(terms):
+                t = terms[i]
+                values = [f"{a}={v}" for a, v in t.bindings.items()]
+                choices = sorted(set(choices_for(t.model)) | set(values), key=(choices_for(t.model) + values).index)
+                updates += [gr.update(visible=True), gr.update(value=t.op if i else ("and not" if t.op == "and not" else "and")),
+                            gr.update(value=t.model, choices=sorted(set(offered) | {t.model})),
+                            gr.update(value=values, choices=choices), gr.update(value=t.weight),
+                            gr.update(value=1.0 if t.temperature is None else t.temperature)]
+            else:
+                updates += [gr.update(visible=False), gr.update(value="and"), gr.update(value=None),
+                            gr.update(value=[], choices=[]), gr.update(value=1.0), gr.update(value=1.0)]
+        return updates
+
+    def note_for(text: str, shown: bool = True) -> str:
+        head = "The controls show this expression" if shown else \
+            "The controls cannot show this expression; Generate samples it as typed"
+        try:
+            return f"{head}; {sampler_summary(models, text)}."
+        except Exception as err:  # noqa: BLE001 - shown in the page as one line
+            return f"{head}. {error_line(err)}"
+
+    def expression_and_note(count: int, form: str, flat: Sequence[Any]) -> tuple[str, str]:
+        try:
+            text = terms_to_expression(terms_from_slots(count, flat), form)
+        except Exception as err:  # noqa: BLE001 - shown in the page as one line
+            return "", error_line(err)
+        return text, note_for(text)
+
+    with gr.Blocks(title="cebm studio", analytics_enabled=False) as app:
+        gr.Markdown("# cebm studio\nCompose energy-based models: pick a model and its value for each term, join"
+                    " the terms with *and*, *and not* or *or*, set weights, and generate.")
+        count = gr.State(len(DEFAULT_TERMS))
+        rows, fields, ups, removes = [], [], [], []
+        for i in range(MAX_TERMS):
+            t = DEFAULT_TERMS[i] if i < len(DEFAULT_TERMS) else None
+            with gr.Row(visible=t is not None, elem_id=f"term-{i}", elem_classes=["cebm-term"]) as row:
+                op = gr.Dropdown(list(OPERATORS), value="and", label="join", elem_id=f"term-{i}-op", scale=1,
+                                 min_width=110)
+                model = gr.Dropdown(offered, value=t.model if t else None, label="model", allow_custom_value=True,
+                                    elem_id=f"term-{i}-model", scale=3, info="bundled, a folder, or org/name@rev")
+                init_choices = choices_for(t.model) if t else []
+                values = gr.Dropdown(init_choices, value=[f"{a}={v}" for a, v in t.bindings.items()] if t else [],
+                                     multiselect=True, allow_custom_value=True, label="value",
+                                     elem_id=f"term-{i}-values", scale=3)
+                weight = gr.Number(1.0, label="weight", minimum=0, elem_id=f"term-{i}-weight", scale=1, min_width=90)
+                temperature = gr.Number(1.0, label="temperature", elem_id=f"term-{i}-temperature", scale=1,
+                                        min_width=90)
+                up = gr.Button("↑", elem_id=f"term-{i}-up", scale=0, min_width=40)
+                remove = gr.Button("✕", elem_id=f"term-{i}-remove", scale=0, min_width=40)
+            rows.append(row)
+            fields += [op, model, values, weight, temperature]
+            ups.append(up)
+            removes.append(remove)
+        with gr.Row():
+            add = gr.Button("Add term", elem_id="add-term", scale=0)
+            form = gr.Radio(list(FORMS), value="plain", label="composition", elem_id="form", scale=2,
+                            info="guided needs models trained with a null condition")
+        expression = gr.Textbox(terms_to_expression(list(DEFAULT_TERMS)), label="expression (as cebm compose takes it)",
+                                buttons=["copy"], elem_id="expression", lines=1, max_lines=3)
+        note = gr.Markdown(note_for(terms_to_expression(list(DEFAULT_TERMS))), elem_id="expression-note")
+        with gr.Row():
+            seed = gr.Number(0, label="seed", precision=0, elem_id="seed", minimum=0)
+            n = gr.Number(16, label="samples", precision=0, elem_id="n", minimum=1, maximum=256)
+            steps = gr.Textbox("", label="steps per round", elem_id="steps", placeholder="the composite's own")
+            step_size = gr.Textbox("", label="step size", elem_id="step-size", placeholder="the composite's own")
+        generate_button = gr.Button("Generate", variant="primary", elem_id="generate")
+        message = gr.Markdown("", elem_id="message")
+        with gr.Row():
+            grid = gr.Image(label="samples", type="pil", elem_id="grid", format="png", interactive=False)
+            chain = gr.Image(label="chains from noise to sample", type="pil", elem_id="chain", format="png",
+                             interactive=False)
+        download = gr.DownloadButton("Download PNG", elem_id="download", visible=False)
+        readings = gr.HTML(elem_id="readings")
+
+        slot_outputs = []
+        for i in range(MAX_TERMS):
+            slot_outputs += [rows[i]] + fields[i * SLOT_FIELDS:(i + 1) * SLOT_FIELDS]
+
+        def on_edit(c, f, *flat):
+            return expression_and_note(c, f, flat)
+
+        for component in fields + [form]:
+            component.input(on_edit, [count, form, *fields], [expression, note], queue=False)
+
+        def on_model(i):
+            def handler(c, f, *flat):
+                flat = list(flat)
+                choices = choices_for(flat[i * SLOT_FIELDS + 1])
+                kept = [v for v in flat[i * SLOT_FIELDS + 2] or [] if v in choices]
+                flat[i * SLOT_FIELDS + 2] = kept
+                text, line = expression_and_note(c, f, flat)
+                return gr.update(choices=choices, value=kept), text, line
+            return handler
+
+        for i in range(MAX_TERMS):
+            fields[i * SLOT_FIELDS + 1].input(on_model(i), [count, form, *fields],
+                                              [fields[i * SLOT_FIELDS + 2], expression, note], queue=False)
+
+        def rewrite(terms: list[Term], f: str):
+            text, line = expression_and_note(len(terms), f, _flat(terms))
+            return [len(terms), *slot_updates(terms), text, line]
+
+        def _flat(terms: Sequence[Term]) -> list[Any]:
+            flat: list[Any] = []
+            for t in terms:
+                flat += [t.op, t.model, [f"{a}={v}" for a, v in t.bindings.items()], t.weight, t.temperature]
+            return flat
+
+        structure_outputs = [count, *slot_outputs, expression, note]
+
+        def restructure(change: Callable[[list[Term]], str | None]):
+            """A handler that edits the list of terms (add, remove, move) and redraws every row."""
+            def handler(c, f, *flat):
+                try:
+                    terms = terms_from_slots(c, flat)
+                    refused = change(terms)
+                except Exception as err:  # noqa: BLE001 - shown in the page as one line
+                    refused = error_line(err)
+                if refused:
+                    return [c, *[gr.update() for _ in slot_outputs], gr.update(), refused]
+                if terms and terms[0].op == "or":
+                    terms[0].op = "and"
+                return rewrite(terms, f)
+            return handler
+
+        def add_term(terms: list[Term]) -> str | None:
+            if len(terms) >= MAX_TERMS:
+                return f"error: the controls hold at most {MAX_TERMS} terms; type a longer expression instead"
+            terms.append(Term(offered[0] if offered else "", {}))
+            return None
+
+        add.click(restructure(add_term), [count, form, *fields], structure_outputs, queue=False)
+
+        def on_remove(i):
+            def drop(terms: list[Term]) -> None:
+                if i < len(terms):
+                    del terms[i]
+            return restructure(drop)
+
+        def on_up(i):
+            def move(terms: list[Term]) -> None:
+                if 0 < i < len(terms):
+                    terms[i - 1], terms[i] = terms[i], terms[i - 1]
+            return restructure(move)
+
+        for i in range(MAX_TERMS):
+            removes[i].click(on_remove(i), [count, form, *fields], structure_outputs, queue=False)
+            ups[i].click(on_up(i), [count, form, *fields], structure_outputs, queue=False)
+
+        def on_expression(text, c, f, *flat):
+            try:
+                parsed = expression_to_terms(text)
+            except Exception as err:  # noqa: BLE001 - shown in the page as one line
+                return [c, *[gr.update() for _ in slot_outputs], gr.update(), f, error_line(err)]
+            if parsed is None:
+                return [c, *[gr.update() for _ in slot_outputs], gr.update(), f, note_for(text, shown=False)]
+            terms, parsed_form = parsed
+            return [len(terms), *slot_updates(terms), gr.update(), parsed_form, note_for(text)]
+
+        for event in (expression.submit, expression.blur):
+            event(on_expression, [expression, count, form, *fields], [count, *slot_outputs, expression, form, note],
+                  queue=False)
+
+        def on_generate(text, seed_value, n_value, steps_value, step_size_value, progress=gr.Progress()):
+            def on_step(step: int, total: int) -> None:
+                progress((step, total), desc="sampling", unit="steps")
+
+            try:
+                progress(0, desc="loading models")
+                made = generate(models, text, n=n_value, seed=seed_value, steps=steps_value,
+                                step_size=step_size_value, on_step=on_step, out_dir=out_dir)
+            except Exception as err:  # noqa: BLE001 - the page shows the one line and stays usable
+                return gr.update(), gr.update(), gr.update(), gr.update(), error_line(err)
+            done = (f"sampled `{made.expression}`: {made.samples.shape[0]} samples in {made.seconds:.1f} s of sampling")
+            return (made.grid, made.chain, gr.update(value=str(made.png), visible=True),
+                    readings_html(made.samples, made.readings), done)
+
+        generate_button.click(on_generate, [expression, seed, n, steps, step_size],
+                              [grid, chain, download, readings, message], concurrency_limit=1)
+    app.cebm_css = CSS
+    return app
+
+
+def launch(host: str = "127.0.0.1", port: int | None = None, device: str = "cpu", **kwargs: Any) -> Any:
+    """Serve the studio (blocking unless ``prevent_thread_lock=True``): analytics off, fonts from the app."""
+    import os
+
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    import gradio as gr
+
+    app = build_app(device)
+    app.queue(default_concurrency_limit=1)
+    app.launch(server_name=host, server_port=port, theme=gr.themes.Default(), css=CSS, share=False,
+               show_error=False, ssr_mode=False, **kwargs)
+    return app

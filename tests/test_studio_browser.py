@@ -1,0 +1,158 @@
+"""`cebm studio` in a real browser: Playwright drives Debian's Chromium against the app served on 127.0.0.1.
+
+The browser is found at ``CEBM_CHROMIUM``, else ``chromium-headless-shell`` or ``chromium`` on the PATH
+(``apt-get install chromium-headless-shell``; .ci/run installs it). Without one the tests skip, unless
+``CEBM_REQUIRE_BROWSER=1`` (set by .ci/run), where a missing browser fails them. Every wait is on the
+page's state (a value, an element), never a fixed sleep. ``CEBM_STUDIO_SCREENSHOT=path.png`` keeps the
+first test's screenshot (the docs' picture comes from it).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+
+import pytest
+
+gradio = pytest.importorskip("gradio")
+playwright_api = pytest.importorskip("playwright.sync_api")
+expect = playwright_api.expect
+expect.set_options(timeout=60_000)  # a generation on a busy 2-core CPU
+
+from composable_ebm import studio  # noqa: E402
+from composable_ebm.images import image_grid  # noqa: E402
+
+RED_CIRCLE_LARGE = "shapes-color[color=red] + shapes-shape[shape=circle] + shapes-size[size=large]"
+
+
+def _chromium() -> str | None:
+    return os.environ.get("CEBM_CHROMIUM") or shutil.which("chromium-headless-shell") or shutil.which("chromium")
+
+
+@pytest.fixture(scope="module")
+def url():
+    import torch
+
+    torch.set_num_threads(2)
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    app = studio.build_app("cpu")
+    app.queue(default_concurrency_limit=1)
+    _, local_url, _ = app.launch(server_name="127.0.0.1", prevent_thread_lock=True, theme=gradio.themes.Default(),
+                                 css=studio.CSS, ssr_mode=False, quiet=True, share=False)
+    yield local_url
+    app.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path = _chromium()
+    if path is None:
+        if os.environ.get("CEBM_REQUIRE_BROWSER") == "1":
+            pytest.fail("CEBM_REQUIRE_BROWSER=1 but no Chromium: apt-get install chromium-headless-shell")
+        pytest.skip("no Chromium (apt-get install chromium-headless-shell, or set CEBM_CHROMIUM)")
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=path)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, url):
+    page = browser.new_page(viewport={"width": 1300, "height": 1500})
+    page.set_default_timeout(60_000)  # a generation on a busy 2-core CPU
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(url)
+    expect(page.locator("#expression textarea")).to_have_value(RED_CIRCLE_LARGE)
+    page.requests = requests
+    yield page
+    page.close()
+
+
+def _choose(page, selector: str, option: str) -> None:
+    page.locator(f"{selector} input").click()
+    page.get_by_role("option", name=option, exact=True).click()
+
+
+def _expression(page):
+    return page.locator("#expression textarea")
+
+
+def test_red_circle_large_built_from_the_controls_generates_a_grid_with_readings(page, url):
+    expr = _expression(page)
+    for left in ["shapes-shape[shape=circle] + shapes-size[size=large]", "shapes-size[size=large]", ""]:
+        page.click("#term-0-remove")
+        expect(expr).to_have_value(left)
+    for i, (model, value) in enumerate([("shapes-color", "color=red"), ("shapes-shape", "shape=circle"),
+                                        ("shapes-size", "size=large")]):
+        page.click("#add-term")
+        expect(page.locator(f"#term-{i}")).to_be_visible()
+        _choose(page, f"#term-{i}-model", model)
+        _choose(page, f"#term-{i}-values", value)
+    expect(expr).to_have_value(RED_CIRCLE_LARGE)
+    page.click("#generate")
+    expect(page.locator("#message")).to_contain_text("16 samples in")
+    expect(page.locator("#readings figure")).to_have_count(16)
+    expect(page.locator("#readings .cebm-summary")).to_have_text(re.compile(r"\d+ of 16 samples read as asked"))
+    assert page.locator("#readings .cebm-right").count() > 0  # the asked attributes carry marks
+    src = page.locator("#grid img").get_attribute("src")
+    png = page.request.get(src).body()
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    import torch
+
+    assert image.size == image_grid(torch.zeros(16, 3, 16, 16)).size  # 4 x 4 samples of 64 px
+    import numpy as np
+
+    pixels = np.asarray(image, dtype=np.float32) / 255
+    assert pixels.std() > 0.1 and len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50  # not blank
+    expect(page.locator("#download")).to_be_visible()
+    assert page.locator("#chain img").count() == 1
+    outside = {u for u in page.requests if not re.match(r"^(https?://127\.0\.0\.1[:/]|data:|blob:)", u)}
+    assert not outside, f"requests left the machine: {sorted(outside)[:5]}"
+    shot = os.environ.get("CEBM_STUDIO_SCREENSHOT")
+    if shot:
+        page.screenshot(path=shot, full_page=True)
+
+
+def test_a_typed_expression_moves_the_controls(page):
+    expr = _expression(page)
+    expr.fill("shapes-color[color=blue] - 0.5*shapes-shape[shape=square] | shapes-size[size=small] / 2")
+    expr.press("Enter")
+    expect(page.locator("#term-2")).to_be_visible()
+    expect(page.locator("#term-0-model input")).to_have_value("shapes-color")
+    expect(page.locator("#term-1-op input")).to_have_value("and not")
+    expect(page.locator("#term-1-weight input")).to_have_value("0.5")
+    expect(page.locator("#term-1-values")).to_contain_text("shape=square")
+    expect(page.locator("#term-2-op input")).to_have_value("or")
+    expect(page.locator("#term-2-temperature input")).to_have_value("2")
+    expect(page.locator("#expression-note")).to_contain_text("The controls show this expression")
+    expr.fill("(shapes-color[color=blue] + shapes-size[size=small]) * 2")
+    expr.press("Enter")
+    expect(page.locator("#expression-note")).to_contain_text("cannot show this expression")
+    expect(page.locator("#term-2")).to_be_visible()  # the controls keep what they showed
+
+
+def test_a_bad_expression_is_one_line_and_the_next_generate_works(page):
+    page.locator("#n input").fill("4")
+    expr = _expression(page)
+    expr.fill("shapes-color[color=purple] + shapes-shape[shape=circle]")
+    page.click("#generate")
+    message = page.locator("#message")
+    expect(message).to_contain_text("error:")
+    text = message.inner_text()
+    assert "purple" in text and "red" in text and "Traceback" not in text and len(text.strip().splitlines()) == 1
+    expr.fill("shapes-color[color=green]")
+    page.click("#generate")
+    expect(message).to_contain_text("4 samples in")
+    expect(page.locator("#readings figure")).to_have_count(4)
+
+
+def test_deleting_a_term_updates_the_expression(page):
+    page.click("#term-1-remove")
+    expect(_expression(page)).to_have_value("shapes-color[color=red] + shapes-size[size=large]")
+    expect(page.locator("#term-2")).to_be_hidden()
+    expect(page.locator("#term-1-model input")).to_have_value("shapes-size")
