@@ -193,7 +193,8 @@ def test_version_and_every_commands_help_shows_a_worked_example():
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"composable_ebm {__version__}"
     listing = runner.invoke(app, ["--help"]).output
-    commands = [["train"], ["sample"], ["compose"], ["push"], ["plot"], ["info"], ["eval", "compose"], ["eval", "ood"]]
+    commands = [["train"], ["sample"], ["compose"], ["push"], ["plot"], ["info"], ["studio"], ["eval", "compose"],
+                ["eval", "ood"]]
     for command in commands:
         assert command[0] in listing
         result = runner.invoke(app, [*command, "--help"])
@@ -281,6 +282,8 @@ def test_every_help_example_parses_and_runs(tmp_path, monkeypatch):
             Image.new("RGB", (16, 16), (40 * i, 200, 30)).save(tmp_path / folder / f"{i}.png")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
+    served = []  # the studio example would serve until stopped: record what it would serve instead
+    monkeypatch.setattr("composable_ebm.studio.launch", lambda **kwargs: served.append(kwargs))
     order = [k for k in _ORDER if k in examples] + sorted(k for k in examples if k not in _ORDER)
     with HubServer() as hub:
         monkeypatch.setattr(constants, "ENDPOINT", hub.url)
@@ -289,6 +292,7 @@ def test_every_help_example_parses_and_runs(tmp_path, monkeypatch):
             result = runner.invoke(app, ["--threads", "1", *args])
             assert result.exit_code == 0, (key, args, result.output, result.exception)
         assert "my-org/shapes-color" in hub.repos  # the push example reached the Hub
+    assert served == [{"host": "127.0.0.1", "port": 7860, "device": "cpu"}]
     assert (tmp_path / "health.png").is_file() and (tmp_path / "grid.png").is_file()
 
 

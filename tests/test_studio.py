@@ -137,3 +137,14 @@ def test_studio_without_gradio_prints_the_install_line_and_exits_2(monkeypatch):
     result = CliRunner().invoke(app, ["studio"])
     assert result.exit_code == 2
     assert 'pip install -e ".[studio]"' in result.output and "Traceback" not in result.output
+
+
+def test_the_space_app_in_the_docs_builds_the_studio():
+    gradio = pytest.importorskip("gradio")
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "studio.md").read_text()
+    block = text.split("Its `app.py`:\n\n```python\n", 1)[1].split("```", 1)[0]
+    namespace = {"__name__": "space_app"}  # not __main__: build the app without serving it
+    exec(compile(block, "app.py", "exec"), namespace)
+    assert isinstance(namespace["demo"], gradio.Blocks)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from composable_ebm.images import as_float_images
 from composable_ebm import Energy, MLPConfig, MLPEnergy, ResNetEnergy
 from composable_ebm.sampling import SamplerConfig
 from composable_ebm.training import (
@@ -329,3 +330,16 @@ def test_ddp_two_gloo_processes_keep_identical_weights(tmp_path):
     assert any(not torch.equal(r0[f"model.{k}"], v) for k, v in init.items() if v.is_floating_point())
     assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 6
     assert isinstance(ResNetEnergy, type) and issubclass(ResNetEnergy, Energy)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
+def test_data_start_prob_starts_that_share_of_chains_from_training_images(p):
+    model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")}))
+    data = Data()
+    trainer = Trainer(model, data, small_config(data_start_prob=p, reinit_prob=1.0, batch_size=400, chain_augment=None))
+    _, labels = trainer._positives(400)
+    starts, run_under = trainer._chain_starts(400, labels)
+    flat = as_float_images(trainer.images).flatten(1)  # the images as the trainer keeps them
+    from_data = (torch.cdist(starts.flatten(1), flat, compute_mode="donot_use_mm_for_euclid_dist").min(dim=1).values < 1e-5).float().mean().item()
+    assert abs(from_data - p) < 0.08
+    assert torch.equal(run_under["color"], labels["color"])  # they run under the positives' condition
