@@ -337,3 +337,23 @@ def test_resnet_model_of_a_shapes_recipe_builds():
     """The recipes' 16x16 single-tower network runs on 16x16 Shapes."""
     model = ResNetEnergy(tiny_config(image_size=16, attributes={"shape": ("circle", "square", "triangle")}))
     assert model(torch.rand(2, 3, 16, 16), {"shape": torch.tensor([0, 2])}).shape == (2,)
+
+
+def test_a_checkpoint_older_than_a_new_setting_resumes_when_the_recipe_keeps_its_default(tmp_path):
+    import torch
+
+    recipe = tmp_path / "toy.toml"
+    recipe.write_text(TOY.format(seed=3))
+    assert _train(recipe, tmp_path / "run").exit_code == 0
+    path = tmp_path / "run" / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    saved = json.loads(state["trainer_config"])
+    del saved["data_start_prob"]  # as written before the setting existed
+    state["trainer_config"] = json.dumps(saved)
+    torch.save(state, path)
+    resumed = _train(recipe, tmp_path / "run", "--steps", "6")
+    assert resumed.exit_code == 0, resumed.output
+    changed = tmp_path / "changed.toml"  # a recipe that sets it to another value is a change, named
+    changed.write_text(TOY.format(seed=3).replace("[trainer]", "[trainer]\ndata_start_prob = 0.5"))
+    result = _train(changed, tmp_path / "run", "--steps", "8")
+    assert result.exit_code == 2 and "data_start_prob (0.0 -> 0.5)" in result.output

@@ -1,7 +1,9 @@
 """Quick screen of a (shape, color) model pair: joint accuracy of every shape x colour conjunction (9),
-plain and, when both models have a null condition, guided; read by the bundled classifier.
+plain, staged (the shape term alone from noise, then the sum from its samples, as the authors'
+``blender_combine.py`` adds terms stage by stage) and, when both models have a null condition, guided;
+read by the bundled classifier.
 
-    python benchmarks/screens/pair_composition.py SHAPE_MODEL COLOR_MODEL [N] ['{"steps": 120}'] [plain,guided]
+    python benchmarks/screens/pair_composition.py SHAPE_MODEL COLOR_MODEL [N] ['{"steps": 120}'] [plain,staged,guided]
 
 The recipes of the screening runs are beside this file (``cebm train benchmarks/screens/X.toml --out runs/X``).
 """
@@ -23,7 +25,10 @@ for form in forms:
         e = sh.condition(shape=s) + co.condition(color=c)
         if form == "guided":
             e = guided(e)
-        x = e.sample(n, seed=1, **over)
+        if form == "staged":
+            x = e.sample(n, x0=sh.condition(shape=s).sample(n, seed=1, **over), seed=2, **over)
+        else:
+            x = e.sample(n, seed=1, **over)
         sc = compositional_accuracy(x, clf, {"shape": s, "color": c})
         rows.append((form, s, c, sc.joint))
         print(form, s, c, f"joint {sc.joint:.3f}", {k: round(v, 2) for k, v in sc.per_attribute.items()}, flush=True)

@@ -548,7 +548,8 @@ class Trainer:
                 raise TypeError(f"trainer_config holds a {type(saved).__name__}")
         except (KeyError, TypeError, ValueError) as err:
             raise ModelFileError(f"{path}: unreadable training settings; start fresh with --no-resume --overwrite (the old files are kept aside) or another --out") from err
-        changed = config_differences(saved, self.config.to_dict())
+        # a setting added to TrainerConfig after the checkpoint was written had its default then
+        changed = config_differences(_with_defaults(saved, TrainerConfig().to_dict()), self.config.to_dict())
         changed = {k: v for k, v in changed.items() if k not in RESUMABLE_CHANGES}
         if changed and not allow_config_change:
             keys = ", ".join(f"{k} ({old!r} -> {new!r})" for k, (old, new) in sorted(changed.items()))
@@ -599,6 +600,17 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: s
             out.update(config_differences(a, b, f"{prefix}{key}."))
         elif a != b:
             out[f"{prefix}{key}"] = (a, b)
+    return out
+
+
+def _with_defaults(saved: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``saved`` with every key it lacks taken from ``defaults`` (recursively into nested settings)."""
+    out = dict(saved)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(out[key], Mapping) and isinstance(value, Mapping):
+            out[key] = _with_defaults(out[key], value)
     return out
 
 
