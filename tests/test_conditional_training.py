@@ -10,13 +10,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from composable_ebm import Energy, MLPConfig, MLPEnergy, ResNetEnergy, shapes
+from composable_ebm import Energy, MLPConfig, MLPEnergy, shapes
 from composable_ebm.cli import app
 from composable_ebm.evaluation import AttributeClassifier, ClassifierConfig, train_classifier
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment
 from composable_ebm.training import Trainer, TrainerConfig, label_loss, other_values
-from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -333,9 +332,14 @@ def test_a_fresh_run_never_rolls_back_into_an_older_runs_checkpoint(tmp_path):
     assert next(e for e in events if e.get("event") == "rolled_back")["to_step"] == 0
 
 
-def test_resnet_model_of_a_shapes_recipe_builds():
-    """The recipes' 16x16 single-tower network runs on 16x16 Shapes."""
-    model = ResNetEnergy(tiny_config(image_size=16, attributes={"shape": ("circle", "square", "triangle")}))
+@pytest.mark.parametrize("path", [ATTRIBUTE_RECIPES["shape"], CLEAN_RECIPES["shape"]], ids=lambda p: p.parent.name)
+def test_the_shape_recipes_network_is_one_tower_and_scores_16x16_shapes(path):
+    """The network the shape recipe builds: one full-resolution tower (no multiscale), energies per image."""
+    from composable_ebm.recipes import build_dataset, build_model
+
+    recipe = load_recipe(path)
+    model = build_model(recipe, build_dataset(recipe.data))
+    assert model.config.multiscale is False and model.config.image_size == 16
     assert model(torch.rand(2, 3, 16, 16), {"shape": torch.tensor([0, 2])}).shape == (2,)
 
 

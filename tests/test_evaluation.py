@@ -40,7 +40,7 @@ def trained_classifier():
     torch.manual_seed(0)
     clf = AttributeClassifier(ClassifierConfig(name="shapes-classifier", image_size=16, width=16, attributes=train.attributes))
     train_classifier(clf, train.images, train.labels, steps=200, batch_size=64)
-    return clf
+    return clf.eval()  # shared by several tests: none of them changes it
 
 
 def test_attribute_classifier_exceeds_98_percent_on_unseen_shapes_images(trained_classifier):
@@ -64,7 +64,7 @@ def test_classifier_round_trips_through_config_and_safetensors(trained_classifie
     save_model(trained_classifier, tmp_path / "clf")
     loaded = load_model(tmp_path / "clf")
     x = shapes(20, 16, seed=9).images
-    torch.testing.assert_close(loaded(x)["shape"], trained_classifier.eval()(x)["shape"])
+    torch.testing.assert_close(loaded(x)["shape"], trained_classifier(x)["shape"])
     assert json.loads((tmp_path / "clf" / "config.json").read_text())["model_type"] == "attribute_classifier"
 
 

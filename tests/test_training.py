@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from composable_ebm.images import as_float_images
-from composable_ebm import Energy, MLPConfig, MLPEnergy, ResNetEnergy
+from composable_ebm import MLPConfig, MLPEnergy, ResNetEnergy
 from composable_ebm.sampling import SamplerConfig
 from composable_ebm.training import (
     ImprovedCDObjective,
@@ -196,6 +196,7 @@ class Data:
 def test_training_logs_health_and_both_gradient_norms(tmp_path):
     model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")}))
     trainer = Trainer(model, Data(), small_config(), out_dir=tmp_path)
+    init = [p.detach().clone() for p in trainer.ema.parameters()]
     summary = trainer.fit()
     assert summary.steps == 6 and summary.rollbacks == 0
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
@@ -204,8 +205,12 @@ def test_training_logs_health_and_both_gradient_norms(tmp_path):
         for key in ("e_pos", "e_neg", "e_diff", "grad_norm_cd", "grad_norm_kl", "langevin_grad_norm", "images_per_second"):
             assert key in r and r[key] == r[key]  # present and not NaN
         assert r["grad_norm_kl"] > 0 and r["grad_norm_cd"] > 0  # the KL gradient is real on logging steps
-    # the EMA moved away from the initial weights, towards the trained ones
-    assert any(not torch.equal(e, p) for e, p in zip(trainer.ema.parameters(), model.parameters()))
+    # the EMA moved away from the initial weights, towards the trained ones (decay 0.5: most of the way)
+    def dist(a, b):
+        return sum(float((x - y).norm()) for x, y in zip(a, b))
+
+    trained, ema = list(model.parameters()), list(trainer.ema.parameters())
+    assert dist(ema, init) > 0 and dist(ema, trained) < 0.5 * dist(init, trained)
 
 
 def test_ablation_switches_remove_the_kl_terms(tmp_path):
@@ -329,7 +334,6 @@ def test_ddp_two_gloo_processes_keep_identical_weights(tmp_path):
     init = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")})).state_dict()
     assert any(not torch.equal(r0[f"model.{k}"], v) for k, v in init.items() if v.is_floating_point())
     assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 6
-    assert isinstance(ResNetEnergy, type) and issubclass(ResNetEnergy, Energy)
 
 
 @pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
