@@ -6,7 +6,7 @@ Without ``--watch`` it measures every snapshot (``--n`` samples per value, as ``
 and prints one row per step with the run's logged training time.
 
     python -m benchmarks.realism_curve --run runs/shapes/shape --watch &
-    python -m benchmarks.realism_curve --run runs/shapes/shape --recipe recipes/shapes-shape.toml
+    python -m benchmarks.realism_curve --run runs/shapes/shape --recipe recipes/shapes-shape.toml [--every 200]
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=15.0)
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--every", type=int, default=1, help="measure the snapshots whose step is a multiple of this")
     args = parser.parse_args()
     args.run = args.run.resolve()
     if args.threads:
@@ -79,7 +80,7 @@ def main() -> None:
     points = []
     for snap in sorted((args.run / "snapshots").glob("ema-*.safetensors")):
         step = int(snap.stem.split("-")[1])
-        if step == 0:
+        if step == 0 or step % args.every:
             continue
         model.load_state_dict(load_file(snap), strict=True)
         rows = measure_model(model, classifier, args.n, seed=0, sampler_overrides={})
@@ -93,7 +94,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(points, indent=1))
     write_section(f"realism-curve-{args.run.name}", "\n".join([
-        f"## Realism against training time: {model.name}",
+        f"## Realism against training time: {model.name} ({args.recipe.as_posix()})",
         "",
         f"`python -m benchmarks.realism_curve --run {args.run.relative_to(ROOT) if args.run.is_relative_to(ROOT) else args.run}"
         f" --recipe {args.recipe}` on {machine()}: the EMA weights of every saved checkpoint, {args.n} samples per value",
