@@ -26,14 +26,29 @@ DEBUG_KEY = "cebm.debug"
 
 
 def exit_code_for(err: BaseException) -> int | None:
-    """The exit status for an error the command line reports in one line; ``None``: a bug, shown whole."""
+    """The exit status for an error the command line reports as the user's to mend; ``None``: a bug.
+
+    The library raises `CebmError` for what it expects; ``ValueError`` (a setting torch or a config
+    refuses), ``SafetensorError``, ``OSError`` (a file) and ``ImportError`` (a recipe needing a package
+    not installed) are bad input too. A ``TypeError``, ``KeyError``, ``AttributeError`` ... is a bug in
+    the library, never the user's input: it is reported as one (`bug_line`).
+    """
     if isinstance(err, CebmError):
         return err.exit_code
-    if isinstance(err, (ValueError, TypeError, KeyError, SafetensorError, OSError, ImportError)):
+    if isinstance(err, (ValueError, SafetensorError, OSError, ImportError)):
         return 2  # bad input: configs, files, arguments, a recipe needing a package not installed
     if isinstance(err, RuntimeError):
         return 1  # a failure at run time (out of memory, a device error)
     return None
+
+
+BUG_EXIT_CODE = 1
+
+
+def bug_line(err: BaseException) -> str:
+    """One line for an error the library did not expect: its type and message, named as a bug."""
+    return (f"internal error ({type(err).__name__}: {one_line(err)}); this is a bug in composable_ebm, not your"
+            " input: rerun with --debug for the traceback and report it")
 
 
 def one_line(err: BaseException) -> str:
@@ -53,9 +68,12 @@ class _Group(TyperGroup):
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise  # typer's own: help, usage errors, exits
         except Exception as err:
-            code = exit_code_for(err)
-            if code is None or ctx.meta.get(DEBUG_KEY):
+            if ctx.meta.get(DEBUG_KEY):
                 raise
+            code = exit_code_for(err)
+            if code is None:
+                typer.secho(f"error: {bug_line(err)}", fg=typer.colors.RED, err=True)
+                raise typer.Exit(BUG_EXIT_CODE) from err
             typer.secho(f"error: {one_line(err)}", fg=typer.colors.RED, err=True)
             raise typer.Exit(code) from err
 

@@ -390,9 +390,9 @@ def error_line(err: BaseException) -> str:
 
     if isinstance(err, CebmError) or exit_code_for(err) is not None:
         return f"error: {one_line(err)}"
-    log.exception("studio: unexpected error")
-    return (f"internal error ({type(err).__name__}: {one_line(err)}); this is a bug in composable_ebm,"
-            " please report it with the server's log")
+    log.error("studio: unexpected error", exc_info=err)
+    return (f"internal error ({type(err).__name__}: {one_line(err)}); this is a bug in composable_ebm, not your"
+            " input: please report it with the traceback in the server's log")
 
 
 def energy_models() -> list[str]:

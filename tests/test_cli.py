@@ -380,3 +380,17 @@ def test_list_threads_and_push_token(tmp_path, monkeypatch):
         result = runner.invoke(app, ["push", str(folder), "someorg/pushed", "--token", "hf_given"])
         assert result.exit_code == 0, result.output
         assert "Bearer hf_given" in hub.auth and "someorg/pushed" in hub.repos
+
+
+def test_a_bug_is_reported_as_a_bug_with_debug_advice_not_as_bad_input(monkeypatch):
+    def broken(folder):
+        return {}["model_type"]  # a programming error inside the library
+
+    monkeypatch.setattr("composable_ebm.hub.read_config", broken)
+    result = runner.invoke(app, ["info", "shapes-color"])
+    assert result.exit_code == 1
+    line = result.output.strip()
+    assert line.startswith("error: internal error (KeyError:") and "--debug" in line and "bug" in line
+    assert "\n" not in line and "Traceback" not in result.output
+    debug = runner.invoke(app, ["--debug", "info", "shapes-color"])
+    assert isinstance(debug.exception, KeyError)  # --debug lets the exception (and its traceback) through
