@@ -29,9 +29,11 @@ from composable_ebm.training import load_checkpoint, read_log
 
 
 def watch(run: Path, poll: float) -> None:
-    """Keep each new checkpoint's EMA weights until the run's model folder appears."""
+    """Keep each new checkpoint's EMA weights until the run writes its model folder (a folder left by an
+    earlier, resumed run does not count)."""
     (run / "snapshots").mkdir(parents=True, exist_ok=True)
     seen = None
+    started = time.time()
     while True:
         path = run / "checkpoint.pt"
         if path.is_file() and path.stat().st_mtime != seen:
@@ -40,7 +42,8 @@ def watch(run: Path, poll: float) -> None:
             out = run / "snapshots" / f"ema-{int(state['step']):06d}.safetensors"
             save_file({k: v.contiguous() for k, v in state["ema"].items()}, out)
             print(f"kept {out}", flush=True)
-        if (run / "model" / "config.json").is_file():
+        done = run / "model" / "config.json"
+        if done.is_file() and done.stat().st_mtime > started:
             return
         time.sleep(poll)
 
