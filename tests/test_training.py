@@ -347,3 +347,12 @@ def test_data_start_prob_starts_that_share_of_chains_from_training_images(p):
     from_data = (torch.cdist(starts.flatten(1), flat, compute_mode="donot_use_mm_for_euclid_dist").min(dim=1).values < 1e-5).float().mean().item()
     assert abs(from_data - p) < 0.08
     assert torch.equal(run_under["color"], labels["color"])  # they run under the positives' condition
+
+
+def test_a_training_chain_takes_one_augmentation_setting():
+    from composable_ebm.errors import InvalidInputError
+    from composable_ebm.sampling import AugmentConfig
+
+    with pytest.raises(InvalidInputError, match="one augmentation: chain_augment"):
+        TrainerConfig(sampler=SamplerConfig(step_size=1.0, steps=2, augment=AugmentConfig()))
+    assert TrainerConfig(sampler=SamplerConfig(step_size=1.0, steps=2), chain_augment=AugmentConfig()).chain_augment

@@ -139,6 +139,11 @@ class TrainerConfig(JSONConfig):
                 f"training chains use method 'langevin' (the KL loss differentiates through a Langevin step),"
                 f" got {self.sampler.method!r}; MALA is for sampling"
             )
+        if self.sampler.augment is not None:
+            raise InvalidInputError(
+                "TrainerConfig.sampler.augment is set, but a training chain takes one augmentation: chain_augment,"
+                " of its start ([trainer.chain_augment] in a recipe); move the setting there"
+                " ([sampling.augment] is the sampling chains')")
         if self.negative_labels not in ("positives", "buffer"):
             raise ValueError(f"unknown negative_labels {self.negative_labels!r}; valid choices: ['buffer', 'positives']")
         if self.label_weight < 0:
