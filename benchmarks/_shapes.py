@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -11,9 +9,9 @@ import torch
 
 from composable_ebm import AttributeClassifier, ClassifierConfig, shapes, train_classifier
 from composable_ebm.evaluation import attribute_accuracy
+from composable_ebm import runs
 from composable_ebm.hub import load_model, save_model
-from composable_ebm.recipes import build_dataset, build_model, load_recipe
-from composable_ebm.training import load_checkpoint
+from composable_ebm.runs import train_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTES = ("shape", "color", "size", "position")
@@ -43,23 +41,15 @@ def shapes_classifier(folder: Path, size: int = 16, steps: int = 600) -> tuple[A
 
 
 def train_run(attribute: str, out: Path, steps: int | None = None, recipe: Path | None = None) -> float:
-    """``cebm train`` a recipe into ``out`` in a subprocess; returns the wall time in seconds."""
-    cmd = [sys.executable, "-m", "composable_ebm.cli", "train", str(recipe or recipe_path(attribute)), "--out", str(out),
-           "--no-progress"]
-    if steps is not None:
-        cmd += ["--steps", str(steps)]
+    """Train a recipe into ``out`` (`composable_ebm.runs.train_recipe`, what ``cebm train`` runs); returns
+    the wall time in seconds."""
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    train_recipe(recipe or recipe_path(attribute), out, steps=steps, echo=print)
     return time.perf_counter() - t
 
 
 def load_run(run: Path, recipe: Path):
     """The EMA model of a run: ``run/model`` when training finished, else the latest checkpoint's EMA."""
-    if (run / "model" / "config.json").is_file():
-        return load_model(run / "model")
-    spec = load_recipe(recipe)
-    model = build_model(spec, build_dataset(spec.data))
-    state = load_checkpoint(run / "checkpoint.pt")
-    model.load_state_dict(state["ema"], strict=True)
-    print(f"{run}: checkpoint at step {state['step']} (training not finished)", flush=True)
-    return model.eval()
+    if not (run / "model" / "config.json").is_file():
+        print(f"{run}: reading the checkpoint (training not finished)", flush=True)
+    return runs.load_run(run, recipe).eval()

@@ -26,11 +26,12 @@ _EXPORTS = {
                     "composable_ebm.evaluation"),
     **dict.fromkeys(["chain_strip", "image_grid", "save_chain_strip", "save_image_grid"], "composable_ebm.images"),
     **dict.fromkeys(["list_models"], "composable_ebm.hub"),
+    **dict.fromkeys(["TrainedRun", "load_run", "train_recipe"], "composable_ebm.runs"),
 }
 _RENAMED = {"load": ("composable_ebm.hub", "load_model"), "push": ("composable_ebm.hub", "push_to_hub"),
             "save": ("composable_ebm.hub", "save_model")}
 _SUBMODULES = {"analytic", "atomic", "cli", "configs", "data", "energy", "errors", "evaluation", "expression", "hub",
-               "images", "model_cards", "nets", "recipes", "sampling", "training"}
+               "images", "model_cards", "nets", "recipes", "runs", "sampling", "studio", "training"}
 
 
 def __getattr__(name: str) -> Any:
@@ -72,6 +73,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from composable_ebm.hub import push_to_hub as push
     from composable_ebm.hub import save_model as save
     from composable_ebm.images import chain_strip, image_grid, save_chain_strip, save_image_grid
+    from composable_ebm.runs import TrainedRun, load_run, train_recipe
     from composable_ebm.nets import BlockSpec, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
     from composable_ebm.sampling import AugmentConfig, SampleResult, SamplerConfig, sample
     from composable_ebm.training import ReplayBuffer, Trainer, TrainerConfig, TrainingDiverged
@@ -98,6 +100,7 @@ __all__ = [
     "SampleResult",
     "SamplerConfig",
     "Trainer",
+    "TrainedRun",
     "TrainerConfig",
     "TrainingDiverged",
     "WeightedSum",
@@ -114,6 +117,7 @@ __all__ = [
     "inception_score",
     "list_models",
     "load",
+    "load_run",
     "ood_auroc",
     "plot_training_health",
     "sample",
@@ -123,4 +127,5 @@ __all__ = [
     "save_image_grid",
     "shapes",
     "train_classifier",
+    "train_recipe",
 ]

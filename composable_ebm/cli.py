@@ -216,84 +216,10 @@ def train(
     \b
     Example: cebm train recipes/shapes-color.toml --out runs/color
     """
-    from composable_ebm.recipes import build_dataset, build_model, load_recipe
-    from composable_ebm.training import Trainer, init_distributed
+    from composable_ebm.runs import train_recipe
 
-    dev = _device(device)
-    spec = load_recipe(recipe)
-    if steps is not None and steps < 0:
-        raise InvalidInputError(f"--steps must be >= 0, got {steps}")
-    init_distributed()
-    data = build_dataset(spec.data)
-    model = build_model(spec, data)
-    trainer = Trainer(model, data, spec.trainer, out_dir=out, device=dev)
-    try:
-        if not resume and _set_aside_previous_run(out, overwrite) and trainer.log is not None:
-            trainer.log = type(trainer.log)(out)  # a fresh log (and TensorBoard writer) in the emptied folder
-        _train(trainer, spec, model, recipe, out, steps, resume, allow_config_change, progress, license)
-    finally:
-        trainer.close()
-
-
-RUN_FILES = ("checkpoint.pt", "log.jsonl", "model", "health.png", "tensorboard")
-"""What ``cebm train`` writes into OUT: a new run there must not mix with these."""
-
-
-def _set_aside_previous_run(out: Path, overwrite: bool) -> bool:
-    """A fresh run (--no-resume) in a folder holding another run: refuse, or with ``overwrite`` move its files aside."""
-    import time
-
-    present = [name for name in RUN_FILES if (out / name).exists()]
-    if not present:
-        return False
-    if not overwrite:
-        raise InvalidInputError(f"{out} holds another run ({', '.join(present)}); --no-resume starts a new run, so pass"
-                                " --overwrite to move those files to OUT/replaced-<time>/, or choose another --out")
-    aside = out / time.strftime("replaced-%Y%m%d-%H%M%S")
-    n = 0
-    while aside.exists():
-        n += 1
-        aside = out / (time.strftime("replaced-%Y%m%d-%H%M%S") + f"-{n}")
-    aside.mkdir()
-    for name in present:
-        os.replace(out / name, aside / name)
-    typer.echo(f"moved the previous run's {', '.join(present)} to {aside}")
-    return True
-
-
-def _train(trainer, spec, model, recipe: Path, out: Path, steps: int | None, resume: bool, allow_config_change: bool,
-           progress: bool, license: str | None = None) -> None:
-    """Resume if asked, train to the step count, then save the EMA model, its card and the health plot."""
-    from tqdm.auto import tqdm
-
-    from composable_ebm.evaluation import plot_training_health
-    from composable_ebm.hub import save_model
-    from composable_ebm.model_cards import model_card, recipe_text
-    from composable_ebm.training import Trainer, read_log
-
-    if resume and trainer.resume(allow_config_change=allow_config_change):
-        typer.echo(f"resumed from step {trainer.step}")
-    total = steps if steps is not None else spec.trainer.steps
-    bar = tqdm(total=total, initial=trainer.step, disable=not progress or trainer.rank != 0, desc="training")
-
-    def tick(step: int, stats: dict) -> None:
-        bar.update(step - bar.n)
-        bar.set_postfix(e_diff=f"{stats['e_diff']:+.3f}", refresh=False)
-
-    try:
-        summary = trainer.fit(total, callback=tick)
-    finally:
-        bar.close()
-    if trainer.rank == 0:
-        ema = trainer.ema
-        ema.sampler_config = model.sampler_config
-        card = model_card(ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
-                          location=str(out / "model"), license=license)
-        save_model(ema, out / "model", card=card)
-        log = out / Trainer.LOG
-        if log.is_file() and any("e_diff" in r for r in read_log(log)):  # a run shorter than log_every has none
-            plot_training_health(out, out / "health.png", title=recipe.stem)
-        typer.echo(f"trained {summary.steps} steps ({summary.rollbacks} rollbacks); model in {out / 'model'}")
+    train_recipe(recipe, out, steps=steps, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change,
+                 device=_device(device), progress=progress, license=license, echo=typer.echo)
 
 
 @app.command()

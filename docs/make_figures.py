@@ -12,8 +12,6 @@ loss, from runs written under ``runs/docs``). Every 16-pixel sample is shown 64 
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +19,7 @@ import torch
 import composable_ebm as cebm
 from composable_ebm.expression import parse_expression
 from composable_ebm.images import save_chain_strip, save_image_grid
+from composable_ebm.runs import train_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "docs" / "images"
@@ -63,8 +62,7 @@ def health_figures(steps: int) -> None:
     for label, recipe in (("healthy", "recipes/shapes-shape.toml"),
                           ("no_kl", "recipes/ablations/shapes-shape-no-kl.toml")):
         out = runs / label
-        subprocess.run([sys.executable, "-m", "composable_ebm.cli", "train", recipe, "--out", str(out), "--steps",
-                        str(steps), "--no-progress"], check=True, cwd=ROOT)
+        train_recipe(ROOT / recipe, out, steps=steps, echo=print)
         cebm.evaluation.plot_training_health(out, IMAGES / f"health_{label}.png", title=f"{Path(recipe).stem}, "
                                              f"{steps} steps")
         print(f"health_{label}.png", flush=True)

@@ -356,3 +356,24 @@ def test_a_training_chain_takes_one_augmentation_setting():
     with pytest.raises(InvalidInputError, match="one augmentation: chain_augment"):
         TrainerConfig(sampler=SamplerConfig(step_size=1.0, steps=2, augment=AugmentConfig()))
     assert TrainerConfig(sampler=SamplerConfig(step_size=1.0, steps=2), chain_augment=AugmentConfig()).chain_augment
+
+
+def test_train_recipe_is_cebm_train_as_a_library_call(tmp_path):
+    from composable_ebm import load_run, train_recipe
+
+    recipe = tmp_path / "toy.toml"
+    recipe.write_text('[model]\ntype = "mlp"\nhidden = 8\ndepth = 2\nvalue_range = [-4.0, 4.0]\n[data]\ndataset = "toy2d"\ndensity = "8gaussians"\n'
+                      'n = 64\n[trainer]\nsteps = 4\nbatch_size = 8\nlog_every = 2\ncheckpoint_every = 2\n'
+                      'chain_augment = false\n[trainer.sampler]\nstep_size = 0.01\nsteps = 3\n')
+    lines = []
+    first = train_recipe(recipe, tmp_path / "run", steps=2, echo=lines.append)
+    assert first.steps == 2 and first.resumed_from is None and (tmp_path / "run" / "model" / "config.json").is_file()
+    again = train_recipe(recipe, tmp_path / "run", echo=lines.append)  # resumes to the recipe's 4 steps
+    assert again.resumed_from == 2 and again.steps == 4 and "resumed from step 2" in lines
+    loaded = load_run(tmp_path / "run")
+    x = torch.randn(5, 2)
+    torch.testing.assert_close(loaded(x), again.model.to("cpu")(x))
+    from composable_ebm.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="holds another run"):
+        train_recipe(recipe, tmp_path / "run", resume=False)

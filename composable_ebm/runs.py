@@ -1,0 +1,145 @@
+"""Training a recipe into a run folder, and reading a model back from one: what ``cebm train`` does, as a library.
+
+A run folder holds ``checkpoint.pt`` (the whole training state, for ``--resume``), ``log.jsonl``, the
+trained EMA model in ``model/`` (config, weights, card) and ``health.png``. `train_recipe` writes it;
+`load_run` reads the model of a finished run, or of an unfinished one from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from composable_ebm.errors import InvalidInputError
+
+RUN_FILES = ("checkpoint.pt", "log.jsonl", "model", "health.png", "tensorboard")
+"""What a run writes into its folder: a new run there must not mix with these."""
+
+
+@dataclass
+class TrainedRun:
+    """What `train_recipe` did."""
+
+    model: Any  # the EMA energy, as saved to out/model
+    steps: int  # the step the run reached
+    rollbacks: int
+    resumed_from: int | None  # the step a resumed run started from; None: a fresh run
+    set_aside: Path | None  # where a previous run's files were moved (``overwrite``)
+    seconds: float  # wall time of this call's training
+
+
+def set_aside_previous_run(out: Path, overwrite: bool) -> tuple[Path, list[str]] | None:
+    """Before a fresh run in ``out``: refuse a folder holding another run's files, or with ``overwrite``
+    move them to ``out/replaced-<time>/``: returns that folder and the names moved. ``None``: nothing was there."""
+    present = [name for name in RUN_FILES if (out / name).exists()]
+    if not present:
+        return None
+    if not overwrite:
+        raise InvalidInputError(f"{out} holds another run ({', '.join(present)}); --no-resume starts a new run, so pass"
+                                " --overwrite to move those files to OUT/replaced-<time>/, or choose another --out")
+    aside = out / time.strftime("replaced-%Y%m%d-%H%M%S")
+    n = 0
+    while aside.exists():
+        n += 1
+        aside = out / (time.strftime("replaced-%Y%m%d-%H%M%S") + f"-{n}")
+    aside.mkdir()
+    for name in present:
+        os.replace(out / name, aside / name)
+    return aside, present
+
+
+def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = None, resume: bool = True,
+                 overwrite: bool = False, allow_config_change: bool = False, device: torch.device | str | None = None,
+                 progress: bool = False, license: str | None = None,
+                 echo: Callable[[str], None] | None = None) -> TrainedRun:
+    """Train ``recipe`` (a TOML file) into the run folder ``out``, as ``cebm train`` does.
+
+    Resumes from ``out/checkpoint.pt`` when ``resume`` and it exists; ``resume=False`` starts a new run,
+    refused in a folder holding another run unless ``overwrite`` (its files are moved aside). Trains to
+    ``steps`` (default: the recipe's), then saves the EMA model with its card to ``out/model`` and the
+    health plot to ``out/health.png``. Under ``torchrun`` every rank trains and rank 0 writes. ``echo``
+    receives the progress lines (default: none).
+    """
+    from tqdm.auto import tqdm
+
+    from composable_ebm.evaluation import plot_training_health
+    from composable_ebm.hub import save_model
+    from composable_ebm.model_cards import model_card, recipe_text
+    from composable_ebm.recipes import build_dataset, build_model, load_recipe
+    from composable_ebm.training import Trainer, init_distributed, read_log
+
+    say = echo or (lambda line: None)
+    recipe, out = Path(recipe), Path(out)
+    spec = load_recipe(recipe)
+    if steps is not None and steps < 0:
+        raise InvalidInputError(f"--steps must be >= 0, got {steps}")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    init_distributed()
+    data = build_dataset(spec.data)
+    model = build_model(spec, data)
+    trainer = Trainer(model, data, spec.trainer, out_dir=out, device=torch.device(device))
+    aside, resumed_from = None, None
+    try:
+        if not resume:
+            moved = set_aside_previous_run(out, overwrite)
+            if moved is not None:
+                aside = moved[0]
+                say(f"moved the previous run's {', '.join(moved[1])} to {aside}")
+                if trainer.log is not None:
+                    trainer.log = type(trainer.log)(out)  # a fresh log (and TensorBoard writer) in the emptied folder
+        if resume and trainer.resume(allow_config_change=allow_config_change):
+            resumed_from = trainer.step
+            say(f"resumed from step {trainer.step}")
+        total = steps if steps is not None else spec.trainer.steps
+        bar = tqdm(total=total, initial=trainer.step, disable=not progress or trainer.rank != 0, desc="training")
+
+        def tick(step: int, stats: dict) -> None:
+            bar.update(step - bar.n)
+            bar.set_postfix(e_diff=f"{stats['e_diff']:+.3f}", refresh=False)
+
+        start = time.perf_counter()
+        try:
+            summary = trainer.fit(total, callback=tick)
+        finally:
+            bar.close()
+        seconds = time.perf_counter() - start
+        ema = trainer.ema
+        ema.sampler_config = model.sampler_config
+        if trainer.rank == 0:
+            card = model_card(ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
+                              location=str(out / "model"), license=license)
+            save_model(ema, out / "model", card=card)
+            log = out / Trainer.LOG
+            if log.is_file() and any("e_diff" in r for r in read_log(log)):  # a run shorter than log_every has none
+                plot_training_health(out, out / "health.png", title=recipe.stem)
+            say(f"trained {summary.steps} steps ({summary.rollbacks} rollbacks); model in {out / 'model'}")
+        return TrainedRun(ema, summary.steps, summary.rollbacks, resumed_from, aside, seconds)
+    finally:
+        trainer.close()
+
+
+def load_run(run: str | Path, recipe: str | Path | None = None, device: torch.device | str = "cpu") -> Any:
+    """The EMA model of a run folder: ``run/model`` when training finished; else, given the run's
+    ``recipe``, the EMA weights of its latest checkpoint in the recipe's network."""
+    from composable_ebm.hub import load_model
+    from composable_ebm.recipes import build_dataset, build_model, load_recipe
+    from composable_ebm.training import load_checkpoint
+
+    run = Path(run)
+    if (run / "model" / "config.json").is_file():
+        return load_model(run / "model", device)
+    if recipe is None:
+        raise InvalidInputError(f"{run} has no finished model (no {run / 'model' / 'config.json'}); give its recipe"
+                                " to read the EMA weights of its checkpoint")
+    spec = load_recipe(recipe)
+    model = build_model(spec, build_dataset(spec.data))
+    state = load_checkpoint(run / "checkpoint.pt")
+    model.load_state_dict(state["ema"], strict=True)
+    return model.to(device).eval()
