@@ -9,8 +9,8 @@ import torch
 
 from composable_ebm import AttributeClassifier, ClassifierConfig, shapes, train_classifier
 from composable_ebm.evaluation import attribute_accuracy
-from composable_ebm import runs
 from composable_ebm.hub import load_model, save_model
+from composable_ebm.runs import load_run as load_run_folder
 from composable_ebm.runs import train_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,4 +52,4 @@ def load_run(run: Path, recipe: Path):
     """The EMA model of a run: ``run/model`` when training finished, else the latest checkpoint's EMA."""
     if not (run / "model" / "config.json").is_file():
         print(f"{run}: reading the checkpoint (training not finished)", flush=True)
-    return runs.load_run(run, recipe).eval()
+    return load_run_folder(run, recipe).eval()

@@ -14,49 +14,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from safetensors import SafetensorError
 from typer.core import TyperGroup
 
-from composable_ebm.errors import CebmError, InvalidInputError, a_type
+from composable_ebm.errors import BUG_EXIT_CODE, InvalidInputError, a_type, bug_line, exit_code_for, one_line
 
 if TYPE_CHECKING:  # torch is imported by the commands that need it, so `cebm --help` starts at once
     import torch
 
 DEBUG_KEY = "cebm.debug"
-
-
-def exit_code_for(err: BaseException) -> int | None:
-    """The exit status for an error the command line reports as the user's to mend; ``None``: a bug.
-
-    The library raises `CebmError` for what it expects; ``ValueError`` (a setting torch or a config
-    refuses), ``SafetensorError``, ``OSError`` (a file) and ``ImportError`` (a recipe needing a package
-    not installed) are bad input too. A ``TypeError``, ``KeyError``, ``AttributeError`` ... is a bug in
-    the library, never the user's input: it is reported as one (`bug_line`).
-    """
-    if isinstance(err, CebmError):
-        return err.exit_code
-    if isinstance(err, (ValueError, SafetensorError, OSError, ImportError)):
-        return 2  # bad input: configs, files, arguments, a recipe needing a package not installed
-    if isinstance(err, RuntimeError):
-        return 1  # a failure at run time (out of memory, a device error)
-    return None
-
-
-BUG_EXIT_CODE = 1
-
-
-def bug_line(err: BaseException) -> str:
-    """One line for an error the library did not expect: its type and message, named as a bug."""
-    return (f"internal error ({type(err).__name__}: {one_line(err)}); this is a bug in composable_ebm, not your"
-            " input: rerun with --debug for the traceback and report it")
-
-
-def one_line(err: BaseException) -> str:
-    """An error's message on one line (at most 400 characters)."""
-    text = " ".join(str(err).split()) or type(err).__name__
-    if isinstance(err, KeyError):
-        text = f"missing key {text}"
-    return text if len(text) <= 400 else text[:397] + "..."
 
 
 class _Group(TyperGroup):

@@ -81,6 +81,7 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
     params = sum(p.numel() for p in model.parameters())
     attributes = config.get("attributes") or {}
     energy = isinstance(model, Energy)
+    kind = a_type(model)
     lines = [
         card_metadata(datasets, metrics, license, name, eval_results,
                       "unconditional-image-generation" if energy and len(getattr(model, "input_shape", ())) == 3
@@ -88,7 +89,7 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
         "",
         f"# {name}",
         "",
-        f"{a_type(model)[0].upper()}{a_type(model)[1:]} with {params:,} parameters, saved by composable_ebm as `config.json` +",
+        f"{kind[:1].upper()}{kind[1:]} with {params:,} parameters, saved by composable_ebm as `config.json` +",
         "`model.safetensors`.",
     ]
     if energy:

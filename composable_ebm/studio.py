@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from composable_ebm.errors import CebmError, InvalidInputError
+from composable_ebm.errors import InvalidInputError, bug_line, exit_code_for, one_line
 from composable_ebm.expression import parse_expression, tokenize
 
 log = logging.getLogger(__name__)
@@ -386,13 +386,10 @@ def sampler_summary(models: ModelCache, expression: str) -> str:
 def error_line(err: BaseException) -> str:
     """The one line the page shows for a failure: the library's message for what it expects (bad input,
     a missing model, a Hub that cannot be reached), a bug-report line for anything else."""
-    from composable_ebm.cli import exit_code_for, one_line
-
-    if isinstance(err, CebmError) or exit_code_for(err) is not None:
+    if exit_code_for(err) is not None:
         return f"error: {one_line(err)}"
     log.error("studio: unexpected error", exc_info=err)
-    return (f"internal error ({type(err).__name__}: {one_line(err)}); this is a bug in composable_ebm, not your"
-            " input: please report it with the traceback in the server's log")
+    return bug_line(err, "please report it with the traceback in the server's log")
 
 
 def energy_models() -> list[str]:
@@ -468,7 +465,8 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
             if i < len(terms):
                 t = terms[i]
                 values = [f"{a}={v}" for a, v in t.bindings.items()]
-                choices = sorted(set(choices_for(t.model)) | set(values), key=(choices_for(t.model) + values).index)
+                offered_values = choices_for(t.model)
+                choices = offered_values + [v for v in values if v not in offered_values]
                 updates += [gr.update(visible=True), gr.update(value=t.op if i else ("and not" if t.op == "and not" else "and")),
                             gr.update(value=t.model, choices=sorted(set(offered) | {t.model})),
                             gr.update(value=values, choices=choices), gr.update(value=t.weight),

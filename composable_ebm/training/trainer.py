@@ -351,9 +351,13 @@ class Trainer:
         return self.out_dir / self.CHECKPOINT if self.out_dir is not None else None
 
     # ------------------------------------------------------------ one iteration
-    def _positives(self, n: int) -> tuple[Tensor, dict[str, Tensor]]:
+    def _draw_images(self, n: int) -> tuple[Tensor, Tensor]:
+        """``n`` training images drawn uniformly with replacement (float), and their indices."""
         idx = torch.randint(self.images.shape[0], (n,), generator=self.generator, device=self.device)
-        x = as_float_images(self.images[idx])
+        return as_float_images(self.images[idx]), idx
+
+    def _positives(self, n: int) -> tuple[Tensor, dict[str, Tensor]]:
+        x, idx = self._draw_images(n)
         if self.config.data_augment is not None:
             x = augment(x, self.config.data_augment, self.generator)
         if self.config.dequantize and self.energy.value_range == (0.0, 1.0):
@@ -390,10 +394,9 @@ class Trainer:
         p = self.config.data_start_prob
         if p == 0:
             return x
-        n = x.shape[0]
-        idx = torch.randint(self.images.shape[0], (n,), generator=self.generator, device=self.device)
-        use = torch.rand(n, generator=self.generator, device=self.device) < p
-        return torch.where(use.view((-1,) + (1,) * (x.ndim - 1)), as_float_images(self.images[idx]).to(x.dtype), x)
+        images, _ = self._draw_images(x.shape[0])
+        use = torch.rand(x.shape[0], generator=self.generator, device=self.device) < p
+        return torch.where(use.view((-1,) + (1,) * (x.ndim - 1)), images.to(x.dtype), x)
 
     def train_step(self) -> dict[str, float]:
         """One iteration of Algorithm 1; returns its statistics (raises on a fault)."""
