@@ -21,6 +21,10 @@ NETWORK_CONFIGS = {
     "resnet-spectral": tiny_config(spectral_norm=True),
     "resnet-instance-ws": tiny_config(norm="instance", weight_standardization=True),
     "resnet-no-norm-gray": tiny_config(norm="none", in_channels=1),
+    "resnet-channel-blind": tiny_config(channel_blind=True, attributes={"shape": ("circle", "square")},
+                                        null_condition=True),
+    "resnet-pixel-set-head": tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
+                                         attributes={"color": ("red", "green", "blue")}),
     "mlp": MLPConfig(hidden=16, depth=2),
     "mlp-conditional": MLPConfig(hidden=16, depth=2, attributes={"digit": ("0", "1")}),
 }
@@ -150,3 +154,31 @@ def test_unknown_config_keys_are_rejected_with_the_valid_ones():
     data["norm"] = "batch"
     with pytest.raises(ValueError, match="must be one of"):
         ResNetConfig.from_dict(data)
+
+
+def test_channel_blind_energy_is_invariant_to_permuting_the_colour_channels():
+    model = randomize(ResNetEnergy(tiny_config(channel_blind=True, attributes={"shape": ("circle", "square")})))
+    x = torch.rand(6, 3, 8, 8)
+    labels = {"shape": torch.tensor([0, 1, 0, 1, 0, 1])}
+    e = model(x, labels)
+    for perm in ([1, 0, 2], [2, 0, 1], [0, 2, 1]):
+        torch.testing.assert_close(model(x[:, perm], labels), e)
+    plain = randomize(ResNetEnergy(tiny_config(attributes={"shape": ("circle", "square")})))
+    assert not torch.allclose(plain(x[:, [1, 0, 2]], labels), plain(x, labels))  # the property is the option's
+
+
+def test_pixel_set_head_condition_is_blind_to_where_the_pixels_are():
+    """With the pixel-set head, E(x | c) - E(x | 0) is unchanged when the pixels are shuffled."""
+    model = randomize(ResNetEnergy(tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
+                                               attributes={"color": ("red", "green", "blue")})))
+    x = torch.rand(4, 3, 8, 8)
+    shuffled = x.flatten(2)[:, :, torch.randperm(64)].view_as(x)
+    for value in range(3):
+        c, null = {"color": torch.full((4,), value)}, {"color": torch.full((4,), -1)}
+        torch.testing.assert_close(model(shuffled, c) - model(shuffled, null), model(x, c) - model(x, null))
+    assert not torch.allclose(model(shuffled, null), model(x, null))  # the towers do see where pixels are
+
+
+def test_unknown_condition_head_names_the_choices():
+    with pytest.raises(ValueError, match=r"condition_head 'cross'.*\['film', 'pixel_set'\]"):
+        tiny_config(condition_head="cross")

@@ -89,6 +89,16 @@ class ResNetConfig(JSONConfig):
     """sum of full, half and quarter resolution towers"""
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """name -> value names"""
+    channel_blind: bool = False
+    """put each image's channels in a canonical order (by descending mean) before the towers: the energy cannot
+    tell which channel is which, so it is invariant to permutations of the colour channels by construction (a
+    shape model then draws a red circle as readily as the green and blue ones it was trained on, without ever
+    seeing a red one). For models of attributes other than colour."""
+    condition_head: Literal["film", "pixel_set"] = "film"
+    """where the condition enters: `film` modulates every residual block; `pixel_set` leaves the towers
+    unconditional and adds ``-logit_c(x)`` from a head that sees the image as a set of pixels (a 1x1-conv
+    feature of each pixel, averaged over the image), so the condition can depend on the image's colours but
+    not on where they are: a colour model that cannot prefer one shape over another for a colour"""
     null_condition: bool = False
     """the all-zero condition was trained (label dropout), so an unbound attribute gives the model's
     unconditional energy; without it an unbound attribute is refused"""
@@ -100,6 +110,9 @@ class ResNetConfig(JSONConfig):
         check_size("ResNetConfig", "groups", self.groups)
         if len(self.blocks) > 256:
             raise InvalidInputError(f"ResNetConfig.blocks holds {len(self.blocks)} blocks; at most 256")
+        if self.condition_head not in ("film", "pixel_set"):
+            raise InvalidInputError(
+                f"unknown condition_head {self.condition_head!r}; valid choices: ['film', 'pixel_set']")
         if self.norm not in ("group", "instance", "none"):
             raise InvalidInputError(f"unknown norm {self.norm!r}; valid choices: ['group', 'instance', 'none']")
         check_attributes("ResNetConfig", self.attributes)
@@ -196,6 +209,29 @@ class ResNetTower(nn.Module):
         return self.head(h).squeeze(-1)
 
 
+class PixelSetHead(nn.Module):
+    """Logits ``(B, D)`` of the condition's values from the image seen as a set of pixels: two 1x1
+    convolutions with Swish, averaged over the image, then a dense layer. Blind to where a colour is."""
+
+    def __init__(self, in_channels: int, width: int, cond_dim: int) -> None:
+        super().__init__()
+        self.pixel = nn.Sequential(nn.Conv2d(in_channels, width, 1), Swish(), nn.Conv2d(width, width, 1), Swish())
+        self.out = nn.Linear(width, cond_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.pixel(x).mean(dim=(2, 3)))
+
+
+def canonical_channels(x: Tensor) -> Tensor:
+    """``x`` with each image's channels sorted by their mean, largest first, ``(B, C, H, W)``.
+
+    The order is piecewise constant in ``x``, so gradients flow through the gather to the pixels; any
+    permutation of an image's channels gives the same result.
+    """
+    order = x.detach().mean(dim=(2, 3)).argsort(dim=1, descending=True)  # (B, C)
+    return x.gather(1, order[:, :, None, None].expand_as(x))
+
+
 class ResNetEnergy(Energy):
     """The paper's ResNet energy, optionally multiscale and attribute-conditioned (FiLM)."""
 
@@ -214,8 +250,10 @@ class ResNetEnergy(Energy):
                     f"image_size {c.image_size} does not fit the table: the 1/{scale} tower sees {size}x{size}"
                     f" and down-samples {downs} times"
                 )
-            towers.append(ResNetTower(c, blocks, cond_dim))
+            towers.append(ResNetTower(c, blocks, cond_dim if c.condition_head == "film" else 0))
         self.towers = nn.ModuleList(towers)
+        self.head = PixelSetHead(c.in_channels, c.stem_channels, cond_dim) if (
+            c.condition_head == "pixel_set" and cond_dim) else None
 
     @property
     def name(self) -> str:
@@ -257,13 +295,18 @@ class ResNetEnergy(Energy):
         return self._tower_energies(x, labels or None)
 
     def _tower_energies(self, x: Tensor, labels: Labels | None) -> Tensor:
+        raw = x
+        if self.config.channel_blind:
+            x = canonical_channels(x)
         cond = self.condition_vector(labels or None, x.shape[0], x.device)
         if cond is not None:
             cond = cond.to(x.dtype)
         outs = []
         for scale, tower in zip(self.config.scales, self.towers):
             xs = F.avg_pool2d(x, scale) if scale > 1 else x
-            outs.append(tower(xs, cond))
+            outs.append(tower(xs, cond if self.head is None else None))
+        if self.head is not None and cond is not None:  # the condition's logit joins the first tower's energy
+            outs[0] = outs[0] - (self.head(raw) * cond).sum(dim=1)
         return torch.stack(outs, dim=1)
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
