@@ -47,13 +47,14 @@ def renders_of(attribute: str, index: int, n: int, seed: int, split: str = "trai
     return pool.images[keep], {a: v[keep] for a, v in pool.labels.items()}
 
 
-def measure_model(model, classifier, n: int, seed: int, sampler_overrides: dict) -> list[dict]:
-    """One row per value of the model's (single) attribute."""
+def measure_model(model, classifier, n: int, seed: int, sampler_overrides: dict, split: str = "train") -> list[dict]:
+    """One row per value of the model's (single) attribute, against renders of ``split`` (``train``: the
+    training split, red circles held out; ``all``: every combination)."""
     (attribute, values), = model.attributes.items()
     rows = []
     for index, value in enumerate(values):
-        reference, _ = renders_of(attribute, index, 1000, seed=100 + index)
-        real, real_labels = renders_of(attribute, index, 4 * n, seed=200 + index)
+        reference, _ = renders_of(attribute, index, 1000, seed=100 + index, split=split)
+        real, real_labels = renders_of(attribute, index, 4 * n, seed=200 + index, split=split)
         samples = model.condition(**{attribute: value}).sample(n, seed=seed + index, **sampler_overrides)
         score = realism(samples, real, reference, classifier.features)
         pred = classifier.predict(samples)
@@ -85,6 +86,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--recipe", type=Path, default=None,
                         help="for run folders (cebm train --out): their recipe; an unfinished run is read from its checkpoint")
+    parser.add_argument("--split", choices=("train", "all"), default="train",
+                        help="renders to compare with: the training split (red circles held out) or every combination")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="sampler overrides, e.g. steps=200")
     args = parser.parse_args()
     if args.threads:
@@ -97,7 +100,7 @@ def main() -> None:
     all_rows = []
     for name in args.models:
         model = (load_run(Path(name), args.recipe) if args.recipe else load_model(name)).eval()
-        rows = measure_model(model, classifier, args.n, args.seed, overrides)
+        rows = measure_model(model, classifier, args.n, args.seed, overrides, args.split)
         sheet = contact_sheet([(r["samples"], r["real"]) for r in rows], per_row=8, scale=4)
         save_image(to_pil(sheet), sheets / f"realism-{args.label}-{model.name}.png")
         all_rows += rows
@@ -116,8 +119,11 @@ def main() -> None:
     lines = [
         f"## {args.title}",
         "",
-        f"`python -m benchmarks.realism --n {args.n} --label {args.label}` on {machine()}. {args.n} samples per value with the model's",
-        "default settings against fresh renders of that value (the model's training split). FID ratio: FID in the",
+        f"`python -m benchmarks.realism --n {args.n} --label {args.label} --split {args.split}` on {machine()}. {args.n} samples"
+        " per value with the model's",
+        "default settings against fresh renders of that value ("
+        + ("the model's training split, red circles held out" if args.split == "train" else "every combination, red circles included")
+        + "). FID ratio: FID in the",
         "bundled classifier's penultimate features against 1000 renders, over the floor (as many other fresh",
         "renders against the same reference, the mean of 4 such sets). HF ratio: mean |discrete Laplacian| of the samples over the renders'.",
         "Coverage gap: the largest difference between the samples' and the renders' distribution of another",

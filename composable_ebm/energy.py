@@ -114,6 +114,17 @@ class Energy(nn.Module):
             )
         return out
 
+    def conditioned_and_null(self, x: Tensor, labels: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """``E(x | labels)`` and ``E(x | 0)`` (every attribute unbound), each ``(B,)``, for guided composition.
+
+        One call on a batch of ``2B``; a network whose condition enters after layers both share overrides
+        it to run those layers once.
+        """
+        b = x.shape[0]
+        codes = {attr: torch.cat([idx, torch.full_like(idx, NULL)]) for attr, idx in labels.items()}
+        cond, null = self(torch.cat([x, x]), codes).split(b)
+        return cond, null
+
     def energy_and_grad(
         self, x: Tensor, labels: Labels | None = None, create_graph: bool = False
     ) -> tuple[Tensor, Tensor]:
@@ -465,8 +476,9 @@ class Guided(Energy):
     negation ``E(x | a) - w (E(x | b) - E(x | 0))``. A plain sum ``E(x | a) + E(x | b)`` counts
     ``p(x)`` twice, and a weight amplifies a model's bias along with its attribute.
 
-    Every term's conditioned and unconditional energies come from one network call on a batch of
-    ``2B``. Build it with `guided`.
+    Every term's conditioned and unconditional energies come from one network call
+    (`Energy.conditioned_and_null`: a batch of ``2B``, or the shared layers once where the condition enters
+    late). Build it with `guided`.
     """
 
     def __init__(self, weights: Sequence[float], terms: Sequence[Conditioned]) -> None:
@@ -487,13 +499,9 @@ class Guided(Energy):
         """``E_0(x) + sum_i w_i (E_i(x | c_i) - E_i(x | 0))``, ``(B,)``."""
         b = x.shape[0]
         total: Tensor | None = None
-        both = torch.cat([x, x])  # (2B, C, H, W): conditioned half, then unconditional half
         for w, term in zip(self.weights, self.terms):
-            codes = {}
-            for attr, value in term.bound.items():
-                idx = torch.as_tensor(value, device=x.device).long().expand(b)
-                codes[attr] = torch.cat([idx, torch.full_like(idx, NULL)])
-            cond, uncond = term.base(both, codes).split(b)
+            codes = {attr: torch.as_tensor(value, device=x.device).long().expand(b) for attr, value in term.bound.items()}
+            cond, uncond = term.base.conditioned_and_null(x, codes)
             guided = w * (cond - uncond)
             total = uncond + guided if total is None else total + guided
         return total

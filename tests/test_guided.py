@@ -55,6 +55,22 @@ def test_each_guided_term_is_one_network_call_on_a_doubled_batch(color, shape):
     assert calls == [8, 8]
 
 
+def test_a_pixel_set_head_model_runs_its_towers_once_per_guided_term(shape):
+    """Its towers are unconditional, so E(x | c) and E(x | 0) share one tower pass on B images, and the
+    guided energy equals the explicit formula."""
+    color = randomize(ResNetEnergy(tiny_config(name="color", attributes={"color": ("red", "green", "blue")},
+                                               null_condition=True, channel_blind=True, condition_head="pixel_set")))
+    x, null = torch.rand(4, 3, 8, 8), torch.full((4,), NULL)
+    g = guided(color.condition(color="blue") + shape.condition(shape="circle"))
+    e_null = color(x, {"color": null})
+    want = e_null + (color(x, {"color": torch.full((4,), 2)}) - e_null) + (
+        shape(x, {"shape": torch.zeros(4, dtype=torch.long)}) - shape(x, {"shape": null}))
+    batches: list[int] = []
+    color.towers[0].register_forward_hook(lambda mod, args, out: batches.append(args[0].shape[0]))
+    torch.testing.assert_close(g(x), want, rtol=1e-5, atol=1e-6)
+    assert batches == [4]
+
+
 def test_a_model_without_a_null_condition_refuses_to_be_sampled_unbound_or_guided():
     plain = model("color", "color", ("red", "green", "blue"), null=False)
     with pytest.raises(InvalidInputError, match=r"without a null condition.*color\[color=\.\.\.\]"):

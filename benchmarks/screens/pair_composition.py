@@ -5,6 +5,8 @@ read by the bundled classifier.
 
     python benchmarks/screens/pair_composition.py SHAPE_MODEL COLOR_MODEL [N] ['{"steps": 120}'] [plain,staged,guided]
 
+A model is a model folder, a bundled name, or ``RUN_FOLDER:RECIPE`` (the EMA weights of a run's latest checkpoint).
+
 The recipes of the screening runs are beside this file (``cebm train benchmarks/screens/X.toml --out runs/X``).
 """
 import sys, torch, itertools, json
@@ -12,7 +14,10 @@ torch.set_num_threads(1)
 from pathlib import Path
 from composable_ebm import compositional_accuracy, guided
 from composable_ebm.hub import load_model
-sh, co = load_model(sys.argv[1]), load_model(sys.argv[2])
+from composable_ebm.runs import load_run
+def model(spec):
+    return load_run(*spec.split(":", 1)) if ":" in spec else load_model(spec)
+sh, co = model(sys.argv[1]), model(sys.argv[2])
 n = int(sys.argv[3]) if len(sys.argv) > 3 else 32
 over = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 clf = load_model("shapes-classifier").eval()

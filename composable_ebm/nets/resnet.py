@@ -313,6 +313,14 @@ class ResNetEnergy(Energy):
         """Sum of the towers' energies (full, half and quarter resolution when multiscale), ``(B,)``."""
         return self._tower_energies(x, labels).sum(dim=1)
 
+    def conditioned_and_null(self, x: Tensor, labels: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """With the pixel-set head the towers are unconditional: run them once, ``E(x | c) = E(x | 0) - logit_c``."""
+        if self.head is None:
+            return super().conditioned_and_null(x, labels)
+        null = self(x)  # the towers' energy (the head adds nothing under the null condition)
+        cond = self.condition_vector(self.encode_labels(labels, x.shape[0], x.device), x.shape[0], x.device)
+        return null - (self.head(x) * cond.to(x.dtype)).sum(dim=1), null
+
     def extra_repr(self) -> str:
         """The config's name, image size and attributes, for ``print(model)``."""
         return f"name={self.config.name!r}, input_shape={self.input_shape}, multiscale={self.config.multiscale}"
