@@ -4,6 +4,7 @@ augmentation, a useful EMA, and runs that are what they say."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -176,12 +177,13 @@ def shapes_classifier() -> AttributeClassifier:
 
 ATTRIBUTES = ("shape", "color", "size", "position")
 ATTRIBUTE_RECIPES = {a: ROOT / "recipes" / f"shapes-{a}.toml" for a in ATTRIBUTES}
-"""The recipes of the bundled models (buffered chains; their positives may be channel-permuted)."""
-CLEAN_RECIPES = {a: ROOT / "recipes" / "short-run" / f"shapes-{a}.toml" for a in ATTRIBUTES}
-"""The short-run recipes (models/short-run): every chain from noise, flips at most."""
+"""The recipes of the bundled models: every chain from noise, flips at most, channel-blind networks."""
+OTHER_RECIPES = [ROOT / "recipes" / folder / f"shapes-{a}.toml" for folder in ("buffered", "short-run")
+                 for a in ATTRIBUTES]
+"""The buffered recipes (the models bundled before; positives channel-permuted) and the short-run ones."""
 
 
-@pytest.mark.parametrize("path", sorted([*ATTRIBUTE_RECIPES.values(), *CLEAN_RECIPES.values()]),
+@pytest.mark.parametrize("path", sorted([*ATTRIBUTE_RECIPES.values(), *OTHER_RECIPES]),
                          ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_augmentations_leave_the_models_attribute_unchanged(path, shapes_classifier):
     """Chain-start, positive and sampling augmentations of each recipe keep what the classifier reads for
@@ -203,12 +205,12 @@ def test_recipe_augmentations_leave_the_models_attribute_unchanged(path, shapes_
         assert agree > 0.97, f"{where} augmentation of shapes-{attribute} changes {attribute}: {agree:.3f} kept"
 
 
-@pytest.mark.parametrize("attribute", sorted(CLEAN_RECIPES))
+@pytest.mark.parametrize("attribute", sorted(ATTRIBUTE_RECIPES))
 def test_no_training_positive_or_chain_start_is_a_held_out_combination(attribute, shapes_classifier):
     """Clean zero-shot: 40 batches of 256 positives drawn by the recipe's own trainer (augmented as in
     training) hold no red circle as the classifier reads them, and every chain starts from noise
     (so no augmentation of a buffer sample can draw one either)."""
-    recipe = load_recipe(CLEAN_RECIPES[attribute])
+    recipe = load_recipe(ATTRIBUTE_RECIPES[attribute])
     assert recipe.data.holdout == ({"color": "red", "shape": "circle"},)
     assert recipe.trainer.reinit_prob == 1.0 and recipe.trainer.chain_augment is None
     data = build_dataset(recipe.data)
@@ -332,7 +334,8 @@ def test_a_fresh_run_never_rolls_back_into_an_older_runs_checkpoint(tmp_path):
     assert next(e for e in events if e.get("event") == "rolled_back")["to_step"] == 0
 
 
-@pytest.mark.parametrize("path", [ATTRIBUTE_RECIPES["shape"], CLEAN_RECIPES["shape"]], ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", [ATTRIBUTE_RECIPES["shape"], *(p for p in OTHER_RECIPES if p.name == "shapes-shape.toml")],
+                         ids=lambda p: p.parent.name)
 def test_the_shape_recipes_network_is_one_tower_and_scores_16x16_shapes(path):
     """The network the shape recipe builds: one full-resolution tower (no multiscale), energies per image."""
     from composable_ebm.recipes import build_dataset, build_model
@@ -361,3 +364,24 @@ def test_a_checkpoint_older_than_a_new_setting_resumes_when_the_recipe_keeps_its
     changed.write_text(TOY.format(seed=3).replace("[trainer]", "[trainer]\ndata_start_prob = 0.5"))
     result = _train(changed, tmp_path / "run", "--steps", "8")
     assert result.exit_code == 2 and "data_start_prob (0.0 -> 0.5)" in result.output
+
+
+def test_the_bundled_recipes_networks_cannot_tell_a_red_circle_from_a_green_one():
+    """Every bundled recipe's network is channel-blind, and the colour model's condition enters only through
+    its pixel-set head: a red circle and the same circle in green (a channel permutation) get one energy from
+    the shape, size and position models, and the colour model's unconditional energy is the same too."""
+    circles = shapes(64, 16, seed=5, split="all")
+    keep = (circles.labels["shape"] == 0) & (circles.labels["color"] == 1)  # green circles
+    green = circles.images[keep][:4]
+    red = green[:, [1, 0, 2]]  # the same circles with the red and green channels swapped
+    for attribute, path in ATTRIBUTE_RECIPES.items():
+        recipe = load_recipe(path)
+        model = build_model(recipe, build_dataset(replace(recipe.data, n=64))).eval()
+        assert model.config.channel_blind
+        null = {attribute: torch.full((4,), -1)}
+        torch.testing.assert_close(model(red, null), model(green, null))
+        if attribute != "color":
+            labels = {attribute: torch.zeros(4, dtype=torch.long)}
+            torch.testing.assert_close(model(red, labels), model(green, labels))
+        else:
+            assert model.config.condition_head == "pixel_set"
