@@ -153,6 +153,9 @@ MethodOpt = Annotated[Optional[str], typer.Option(help="langevin or mala (defaul
 NoiseOpt = Annotated[Optional[str], typer.Option(help="Noise std per step, or 'exact' for sqrt(2 * step size).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
 ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
+FormOpt = Annotated[str, typer.Option(
+    help="auto: a sum of conditioned models with unconditional energies is sampled in its guided form (better for the"
+         " bundled models); plain: the expression as written; guided: guided(expression).")]
 RefreshOpt = Annotated[bool, typer.Option("--refresh", help="Ask the Hub for the newest revision of org/name models and "
                                           "download them again, even when cached.")]
 ScaleOpt = Annotated[Optional[int], typer.Option(
@@ -237,14 +240,19 @@ def compose(
     scale: ScaleOpt = None,
     refresh: RefreshOpt = False,
     progress: ProgressOpt = True,
+    form: FormOpt = "auto",
 ) -> None:
     """Compose models with the energy algebra (+, -, *, /, |, [attr=value], guided(...)) and sample an image grid.
 
     \b
     Example: cebm compose "shapes-color[color=red] + shapes-shape[shape=circle]" -n 16 -o grid.png
     """
+    from composable_ebm.sampling import FORMS, composition_form
+
+    if form not in FORMS:
+        raise InvalidInputError(f"unknown --form {form!r}; valid choices: {list(FORMS)}")
     _check_outputs(n, output, chain)
-    energy = _load_expression(expression, _device(device), refresh)
+    energy = composition_form(_load_expression(expression, _device(device), refresh), form)
     typer.echo(f"sampling {energy.expression()}")
     _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise),
                      scale, progress)

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 OPERATORS = ("and", "and not", "or")
 """How a term joins the terms before it: ``+``, ``-`` (a weighted negation) or ``|`` (a new alternative)."""
 FORMS = ("plain", "guided")
-"""Plain sums (``a + b``) or the guided form (``guided(a + b)``), which needs models with a null condition."""
+"""Plain sums (``a + b``) or the guided form (``guided(a + b)``), which needs models with a null condition. The studio
+samples its expression as written (``form="plain"`` in `generate`: a ``guided(...)`` stays guided, a sum stays plain)."""
 MAX_TERMS = 8
 """Most terms the controls show; a longer expression is still sampled, as typed."""
 CLASSIFIER = "shapes-classifier"
@@ -345,10 +346,11 @@ def sampler_overrides(steps: str | int | None, step_size: str | float | None) ->
 
 def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, steps: str | int | None = None,
              step_size: str | float | None = None, on_step: Callable[[int, int], None] | None = None,
-             out_dir: Path | None = None) -> Generation:
-    """Sample ``expression`` as ``cebm compose`` does and read the samples with the bundled classifier."""
+             out_dir: Path | None = None, form: str = "auto") -> Generation:
+    """Sample ``expression`` as ``cebm compose`` does (``form``: `composable_ebm.sampling.composition_form`)
+    and read the samples with the bundled classifier."""
     from composable_ebm.images import chain_strip, image_grid
-    from composable_ebm.sampling import resolve_config, sample
+    from composable_ebm.sampling import composition_form, resolve_config, sample
 
     if isinstance(n, bool) or not float(n).is_integer() or not 1 <= int(n) <= 256:
         raise InvalidInputError(f"the number of samples must be a whole number from 1 to 256, got {n!r}")
@@ -358,6 +360,7 @@ def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, st
     if len(energy.input_shape) != 3:
         raise InvalidInputError(f"the studio draws images; {expression!r} takes inputs of shape {energy.input_shape}")
     overrides = sampler_overrides(steps, step_size)
+    energy = composition_form(energy, form)
     total = resolve_config(energy, None, overrides).total_steps
     callback = (lambda record: on_step(record["step"], total)) if on_step is not None else None
     start = time.perf_counter()
@@ -374,11 +377,11 @@ def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, st
     return Generation(result.samples, grid, chain_strip(result.chain), readings, seconds, energy.expression(), png)
 
 
-def sampler_summary(models: ModelCache, expression: str) -> str:
+def sampler_summary(models: ModelCache, expression: str, form: str = "auto") -> str:
     """The settings Generate uses when the sampler fields are empty: the composite's own."""
-    from composable_ebm.sampling import default_sampler_config
+    from composable_ebm.sampling import composition_form, default_sampler_config
 
-    cfg = default_sampler_config(models.energy(expression))
+    cfg = default_sampler_config(composition_form(models.energy(expression), form))
     schedule = f"{cfg.rounds} rounds x {cfg.steps} steps" + (f" + {cfg.final_steps}" if cfg.final_steps else "")
     return f"its own sampler: {schedule} ({cfg.total_steps} in all), step size {cfg.step_size:.4g}, noise {cfg.noise:g}"
 
@@ -480,7 +483,7 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
         head = "The controls show this expression" if shown else \
             "The controls cannot show this expression; Generate samples it as typed"
         try:
-            return f"{head}; {sampler_summary(models, text)}."
+            return f"{head}; {sampler_summary(models, text, 'plain')}."
         except Exception as err:  # noqa: BLE001 - shown in the page as one line
             return f"{head}. {error_line(err)}"
 
@@ -518,11 +521,11 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
             removes.append(remove)
         with gr.Row():
             add = gr.Button("Add term", elem_id="add-term", scale=0)
-            form = gr.Radio(list(FORMS), value="plain", label="composition", elem_id="form", scale=2,
+            form = gr.Radio(list(FORMS), value="guided", label="composition", elem_id="form", scale=2,
                             info="guided needs models trained with a null condition")
-        expression = gr.Textbox(terms_to_expression(list(DEFAULT_TERMS)), label="expression (as cebm compose takes it)",
+        expression = gr.Textbox(terms_to_expression(list(DEFAULT_TERMS), "guided"), label="expression (as cebm compose takes it)",
                                 buttons=["copy"], elem_id="expression", lines=1, max_lines=3)
-        note = gr.Markdown(note_for(terms_to_expression(list(DEFAULT_TERMS))), elem_id="expression-note")
+        note = gr.Markdown(note_for(terms_to_expression(list(DEFAULT_TERMS), "guided")), elem_id="expression-note")
         with gr.Row():
             seed = gr.Number(0, label="seed", precision=0, elem_id="seed", minimum=0)
             n = gr.Number(16, label="samples", precision=0, elem_id="n", minimum=1, maximum=256)
@@ -633,7 +636,7 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
             try:
                 progress(0, desc="loading models")
                 made = generate(models, text, n=n_value, seed=seed_value, steps=steps_value,
-                                step_size=step_size_value, on_step=on_step, out_dir=out_dir)
+                                step_size=step_size_value, on_step=on_step, out_dir=out_dir, form="plain")
             except Exception as err:  # noqa: BLE001 - the page shows the one line and stays usable
                 return gr.update(), gr.update(), gr.update(), gr.update(), error_line(err)
             done = (f"sampled `{made.expression}`: {made.samples.shape[0]} samples in {made.seconds:.1f} s of sampling")

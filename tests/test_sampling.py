@@ -159,10 +159,31 @@ def test_composite_of_conditional_networks_samples_end_to_end(color_model, shape
     images = composite.sample(n=4, seed=0)
     assert images.shape == (4, 3, 8, 8)
     assert images.min() >= 0 and images.max() <= 1
-    # per-call overrides win over the derived defaults
-    result = composite.sample_chain(n=2, seed=0, steps=2, rounds=3, keep_every=2)
+    # per-call overrides win over the derived defaults; form="plain" samples the sum as written
+    result = composite.sample_chain(n=2, seed=0, steps=2, rounds=3, keep_every=2, form="plain")
     assert result.config.step_size == pytest.approx(10.0 / 3) and result.config.steps == 2
     assert result.diagnostics.energy.shape == (6,)
+
+
+def test_a_sum_of_models_with_null_conditions_samples_its_guided_form_by_default(color_model, shape_model):
+    """form="auto": guided when every term is a conditioned model with a null condition, with the part's
+    step size and its steps once per term; anything else as written."""
+    from composable_ebm import Guided
+    from composable_ebm.sampling import composition_form
+
+    color_model.sampler_config = SamplerConfig(step_size=10.0, steps=4)
+    red, circle = color_model.condition(color="red"), shape_model.condition(shape="circle")
+    composite = red + 2.0 * circle
+    auto = composition_form(composite)
+    assert isinstance(auto, Guided) and auto.weights == (1.0, 2.0)
+    assert composition_form(composite, "plain") is composite
+    assert composition_form(red) is red and composition_form(red | circle, "auto").expression() == "(color[red] | shape[circle])"
+    cfg = composite.sample_chain(n=2, seed=0).config
+    assert cfg.step_size == pytest.approx(10.0) and cfg.steps == 8
+    torch.testing.assert_close(composite.sample(2, seed=1), composite.sample(2, seed=1, form="guided"))
+    assert not torch.equal(composite.sample(2, seed=1), composite.sample(2, seed=1, form="plain"))
+    with pytest.raises(ValueError, match=r"unknown composition form 'mixed'.*\['auto', 'plain', 'guided'\]"):
+        composite.sample(2, form="mixed")
 
 
 def test_result_has_chain_and_diagnostics_of_the_documented_shapes(image_energy, tmp_path):

@@ -2,9 +2,11 @@
 
 from composable_ebm.sampling.augment import AugmentConfig, augment
 from composable_ebm.sampling.runner import (
+    FORMS,
     ChainEnd,
     SampleResult,
     SamplerDiagnostics,
+    composition_form,
     default_sampler_config,
     initial_noise,
     make_generator,
@@ -25,6 +27,7 @@ from composable_ebm.sampling.transitions import (
 )
 
 __all__ = [
+    "FORMS",
     "AugmentConfig",
     "ChainEnd",
     "ChainState",
@@ -35,6 +38,7 @@ __all__ = [
     "augment",
     "chain_grad_norm",
     "clamp_bounds",
+    "composition_form",
     "default_sampler_config",
     "evaluate",
     "initial_noise",
