@@ -31,9 +31,9 @@ for form in forms:
         if form == "guided":
             e = guided(e)
         if form == "staged":
-            x = e.sample(n, x0=sh.condition(shape=s).sample(n, seed=1, **over), seed=2, **over)
+            x = e.sample(n, x0=sh.condition(shape=s).sample(n, seed=1, **over), seed=2, form="plain", **over)
         else:
-            x = e.sample(n, seed=1, **over)
+            x = e.sample(n, seed=1, form="plain", **over)
         sc = compositional_accuracy(x, clf, {"shape": s, "color": c})
         rows.append((form, s, c, sc.joint))
         print(form, s, c, f"joint {sc.joint:.3f}", {k: round(v, 2) for k, v in sc.per_attribute.items()}, flush=True)
