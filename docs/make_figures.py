@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "docs" / "images"
 
 OPERATORS = {
-    "sum": ("red + circle", lambda m: m["red"] + m["circle"]),
+    "sum": ("red + circle, plain form", lambda m: m["red"] + m["circle"]),
     "guided": ("guided(red + circle)", lambda m: cebm.guided(m["red"] + m["circle"])),
     "weighted": ("green + 3 * triangle", lambda m: m["green"] + 3 * m["triangle"]),
     "negation": ("blue - 0.5 * square", lambda m: m["blue"] - 0.5 * m["square"]),
@@ -43,7 +43,8 @@ def algebra_figures() -> None:
         if key == "guided" and not (color.has_null_condition and shape.has_null_condition):
             print("skipped op_guided.png: the bundled models have no null condition (no label dropout)", flush=True)
             continue
-        save_image_grid(build(m).sample(16, seed=0), IMAGES / f"op_{key}.png", nrow=8)
+        form = "plain" if key == "sum" else "auto"  # the plain sum; the others as `.sample` draws them by default
+        save_image_grid(build(m).sample(16, seed=0, form=form), IMAGES / f"op_{key}.png", nrow=8)
         print(f"op_{key}.png: {text}", flush=True)
     # temperature: one row each of circle / 0.5, circle, circle / 2, from the same starting noise
     rows = [(m["circle"] / t).sample(8, seed=0) for t in (0.5, 1.0, 2.0)]
