@@ -66,7 +66,7 @@ def held_out(target: dict[str, str]) -> bool:
 
 def renders(target: dict[str, str], n: int, seed: int) -> torch.Tensor:
     """``n`` fresh renders of exactly this combination (the other attributes uniform)."""
-    pool = shapes(max(40 * n, 2000), 16, seed=seed, split="all")
+    pool = shapes(max(300 * n, 2000), 16, seed=seed, split="all")  # a 4-attribute combination is 1 in 36
     keep = torch.ones(len(pool), dtype=torch.bool)
     for a, v in target.items():
         keep &= pool.labels[a] == value_index(SHAPES_ATTRIBUTES, a, v)

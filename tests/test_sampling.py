@@ -167,7 +167,7 @@ def test_composite_of_conditional_networks_samples_end_to_end(color_model, shape
 
 def test_a_sum_of_models_with_null_conditions_samples_its_guided_form_by_default(color_model, shape_model):
     """form="auto": guided when every term is a conditioned model with a null condition, with the part's
-    step size and its steps once per term; anything else as written."""
+    step size and steps (a plain sum divides the step by its number of terms); anything else as written."""
     from composable_ebm import Guided
     from composable_ebm.sampling import composition_form
 
@@ -179,7 +179,8 @@ def test_a_sum_of_models_with_null_conditions_samples_its_guided_form_by_default
     assert composition_form(composite, "plain") is composite
     assert composition_form(red) is red and composition_form(red | circle, "auto").expression() == "(color[red] | shape[circle])"
     cfg = composite.sample_chain(n=2, seed=0).config
-    assert cfg.step_size == pytest.approx(10.0) and cfg.steps == 8
+    assert cfg.step_size == pytest.approx(10.0) and cfg.steps == 4
+    assert composite.sample_chain(n=2, seed=0, form="plain").config.step_size == pytest.approx(5.0)
     torch.testing.assert_close(composite.sample(2, seed=1), composite.sample(2, seed=1, form="guided"))
     assert not torch.equal(composite.sample(2, seed=1), composite.sample(2, seed=1, form="plain"))
     with pytest.raises(ValueError, match=r"unknown composition form 'mixed'.*\['auto', 'plain', 'guided'\]"):

@@ -112,10 +112,9 @@ def default_sampler_config(energy: Energy) -> SamplerConfig:
     - the step size of a plain sum is the part's divided by the number of terms (the authors' composition
       scripts), not by the weights: a temperature ``/ T`` then scales the gradient against fixed noise,
       so it widens (T > 1) or sharpens (T < 1) the samples (dividing by the total weight cancelled it);
-    - a guided sum ``E_0 + sum_i w_i (E_i(x | c_i) - E_i(x | 0))`` keeps the part's step size, so each
-      term's guidance moves the chain as far per step as that model does alone, and runs the part's
-      steps once per term (a pair of the bundled models: mean joint accuracy 0.54 with the part's 60 steps,
-      0.94 with 120; docs/benchmarks.md);
+    - a guided sum ``E_0 + sum_i w_i (E_i(x | c_i) - E_i(x | 0))`` keeps the part's step size and steps,
+      so each term's guidance moves the chain as far as that model moves it alone, over the chain its
+      model was trained on (longer chains measured worse on the bundled models: docs/benchmarks.md);
     - augmentation transitions only when every part's own settings use the same one: an
       augmentation one model ignores (a flip, for a shape model) can change what another is
       bound to (left or right).
@@ -137,10 +136,9 @@ def _own_or_derived(energy: Energy) -> SamplerConfig | None:
             return None
         shared = len({c.augment if c is not None else None for c in parts}) == 1  # no settings: no augmentation
         augment = first.augment if shared else None
-        k = len(energy.terms)
-        if isinstance(energy, Guided):
-            return dataclasses.replace(first, steps=first.steps * k, final_steps=first.final_steps * k, augment=augment)
-        step = first.step_size if isinstance(energy, Disjunction) else first.step_size / k
+        if isinstance(energy, (Guided, Disjunction)):
+            return dataclasses.replace(first, augment=augment)
+        step = first.step_size / len(energy.terms)
         return dataclasses.replace(first, step_size=step, augment=augment)
     return None
 
