@@ -96,7 +96,7 @@ def main() -> None:
             device = args.device
         rows = [r for r in realism if r["attribute"] == attribute]
         quality = ["## Measured quality", "", "`python -m benchmarks.realism` (64 samples per value with the default"
-                   " sampler settings, against fresh renders of that value; read by `shapes-classifier`). FID ratio:"
+                   " sampler settings, against fresh renders of that value, every combination; read by `shapes-classifier`). FID ratio:"
                    " FID in the classifier's features over the floor of as many fresh renders (1 = as close as real"
                    " images); HF ratio: high-frequency energy over the renders'.", "",
                    "| value | accuracy | FID ratio | HF ratio | largest coverage gap (other attributes) |",
@@ -105,7 +105,7 @@ def main() -> None:
                     f" {max(r['coverage_gap'].values()):.2f} |" for r in rows]
         curve_path = ROOT / "runs" / "realism" / f"curve-{attribute}.json"
         if curve_path.is_file() and not args.cards_only:  # the curve belongs to the runs, not the bundled weights
-            quality += ["", "Against training time (`python -m benchmarks.realism_curve`, one point per checkpoint):", "",
+            quality += ["", "Against training time (`python -m benchmarks.realism_curve`, the saved checkpoints, every 300 steps):", "",
                         "| step | minutes | median FID ratio | median HF ratio | mean accuracy |",
                         "| --- | --- | --- | --- | --- |"]
             quality += [f"| {p['step']} | {p['minutes']:.0f} | {p['fid_ratio_median']:.1f} | {p['hf_ratio_median']:.2f} |"

@@ -242,7 +242,7 @@ def report(args, parse, classifier, targets: list[dict], results: dict[str, list
     lines = [
         "## Composition of the bundled Shapes models: the whole table",
         "",
-        f"`python -m benchmarks.composition` (sharded, see the script) on {machine()} ({seconds / 60:.1f} min of"
+        f"`python -m benchmarks.composition --n {n}` (sharded, see the script) on {machine()} ({seconds / 60:.1f} min of"
         " sampling). " + ", ".join(f"{results[f][0]['n']} samples per composite in the {f} form" for f in results)
         + "; each composite's default settings (`energy.sample(n)`), read by the bundled",
         "classifier. Every conjunction of 2, 3 and 4 attributes (37, 60 and 36 composites); model names are short",
@@ -271,8 +271,8 @@ def report(args, parse, classifier, targets: list[dict], results: dict[str, list
         which = (f"Only the {best} form was measured" + ("" if with_null else ": these models were trained without"
                  " label dropout, so they have no unconditional energy for the guided form") + ".")
     lines += [
-        which + " `cebm compose` and `.sample` sample what the",
-        "expression says (`a + b` is the plain form, `guided(a + b)` the guided one).",
+        which + " Rows are sampled as written (`form=\"plain\"`); by default `cebm compose` and `.sample`",
+        "draw a sum of models that have a null condition in its guided form (`composable_ebm.sampling.composition_form`).",
         "",
         f"Disjunction `color[color=red] | color[color=blue]`: red {extra['disjunction']['red']:.3f}, blue"
         f" {extra['disjunction']['blue']:.3f} ({4 * n} samples).",

@@ -69,6 +69,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--every", type=int, default=1, help="measure the snapshots whose step is a multiple of this")
+    parser.add_argument("--split", choices=("train", "all"), default="train",
+                        help="renders to compare with (as benchmarks/realism.py --split)")
     args = parser.parse_args()
     args.run = args.run.resolve()
     if args.threads:
@@ -86,7 +88,7 @@ def main() -> None:
         if step == 0 or step % args.every:
             continue
         model.load_state_dict(load_file(snap), strict=True)
-        rows = measure_model(model, classifier, args.n, seed=0, sampler_overrides={})
+        rows = measure_model(model, classifier, args.n, seed=0, sampler_overrides={}, split=args.split)
         point = {"step": step, "minutes": clock.get(step, float("nan")) / 60,
                  "fid_ratio_median": statistics.median(r["fid_ratio"] for r in rows),
                  "hf_ratio_median": statistics.median(r["hf_ratio"] for r in rows),
@@ -100,7 +102,8 @@ def main() -> None:
         f"## Realism against training time: {model.name} ({args.recipe.as_posix()})",
         "",
         f"`python -m benchmarks.realism_curve --run {args.run.relative_to(ROOT) if args.run.is_relative_to(ROOT) else args.run}"
-        f" --recipe {args.recipe}` on {machine()}: the EMA weights of every saved checkpoint, {args.n} samples per value",
+        f" --recipe {args.recipe} --every {args.every} --split {args.split}` on {machine()}: the EMA weights of every"
+        f" {args.every}th-step checkpoint, {args.n} samples per value",
         "with the recipe's sampling settings (as `benchmarks/realism.py`). Minutes: the run's logged step times (one",
         "thread, the machine's two cores shared with another run).",
         "",
