@@ -247,15 +247,20 @@ def compose(
     \b
     Example: cebm compose "shapes-color[color=red] + shapes-shape[shape=circle]" -n 16 -o grid.png
     """
-    from composable_ebm.sampling import FORMS, composition_form
+    from composable_ebm.sampling import composition_form
 
-    if form not in FORMS:
-        raise InvalidInputError(f"unknown --form {form!r}; valid choices: {list(FORMS)}")
     _check_outputs(n, output, chain)
-    energy = composition_form(_load_expression(expression, _device(device), refresh), form)
+    energy = composition_form(_load_expression(expression, _device(device), refresh), _check_form(form))
     typer.echo(f"sampling {energy.expression()}")
     _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise),
                      scale, progress)
+
+
+def _check_form(form: str) -> str:
+    """``--form`` checked before any model is loaded."""
+    if form not in ("auto", "plain", "guided"):
+        raise InvalidInputError(f"unknown --form {form!r}; valid choices: ['auto', 'plain', 'guided']")
+    return form
 
 
 def _check_outputs(n: int, output: Path, chain: Path | None) -> None:
@@ -443,6 +448,7 @@ def eval_compose(
     step_size: StepSizeOpt = None,
     device: DeviceOpt = None,
     refresh: RefreshOpt = False,
+    form: FormOpt = "auto",
 ) -> None:
     """Compositional accuracy: how often the classifier finds every target attribute in composed samples.
 
@@ -450,10 +456,11 @@ def eval_compose(
     Example: cebm eval compose "shapes-color[color=red] + shapes-shape[shape=circle]" --classifier shapes-classifier -t color=red -t shape=circle
     """
     from composable_ebm.evaluation import compositional_accuracy
+    from composable_ebm.sampling import composition_form
     from composable_ebm.sampling import sample as run_sampler
 
     dev = _device(device)
-    energy = _load_expression(expression, dev, refresh)
+    energy = composition_form(_load_expression(expression, dev, refresh), _check_form(form))
     clf = _load_classifier(classifier, dev, refresh)
     samples = run_sampler(energy, n, seed=seed, progress=True, **_overrides(steps, rounds, step_size, None)).samples
     score = compositional_accuracy(samples, clf, _parse_bindings(target))

@@ -469,7 +469,10 @@ class Guided(Energy):
     """Guided conjunction: ``E_0(x) + sum_i w_i (E_i(x | c_i) - E_i(x | 0))``.
 
     Each term is a conditioned model ``E_i(x | c_i)`` whose null condition ``E_i(x | 0)`` was trained
-    (label dropout); ``E_0`` is the first term's unconditional energy. For two terms with unit
+    (label dropout); ``E_0`` is the mean of the terms' unconditional energies, every model's estimate
+    of the data density at once, so the result does not depend on the order of the terms (with the
+    first term's alone, `red + circle + large` read 0.81 joint and `circle + red + large` 0.95; with
+    the mean both 0.95, 64 samples). For two terms with unit
     weights this is ``p(x | a, b) ∝ p(x | a) p(x | b) / p(x)``, the conjunction of independently
     trained conditionals (Liu et al. 2022, "Compositional Visual Generation with Composable
     Diffusion Models"; Du et al. 2023, "Reduce, Reuse, Recycle"); a negative weight is the
@@ -496,15 +499,15 @@ class Guided(Energy):
         self.terms = nn.ModuleList(terms)
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
-        """``E_0(x) + sum_i w_i (E_i(x | c_i) - E_i(x | 0))``, ``(B,)``."""
+        """``mean_i E_i(x | 0) + sum_i w_i (E_i(x | c_i) - E_i(x | 0))``, ``(B,)``."""
         b = x.shape[0]
-        total: Tensor | None = None
+        nulls, guidance = [], []
         for w, term in zip(self.weights, self.terms):
             codes = {attr: torch.as_tensor(value, device=x.device).long().expand(b) for attr, value in term.bound.items()}
             cond, uncond = term.base.conditioned_and_null(x, codes)
-            guided = w * (cond - uncond)
-            total = uncond + guided if total is None else total + guided
-        return total
+            nulls.append(uncond)
+            guidance.append(w * (cond - uncond))
+        return torch.stack(nulls).mean(dim=0) + torch.stack(guidance).sum(dim=0)
 
     def expression(self) -> str:
         """The guided sum as text, e.g. ``guided(color[red] + shape[circle])``."""
@@ -516,7 +519,8 @@ class Guided(Energy):
 
 def guided(energy: Energy) -> Guided:
     """The guided form of a sum of conditioned models: ``guided(red + circle - 0.5 * square)`` is
-    ``E_0 + (E(x|red) - E(x|0)) + (E(x|circle) - E(x|0)) - 0.5 (E(x|square) - E(x|0))``; see `Guided`.
+    ``E_0 + (E(x|red) - E(x|0)) + (E(x|circle) - E(x|0)) - 0.5 (E(x|square) - E(x|0))``, with ``E_0`` the
+    mean of the terms' unconditional energies; see `Guided`.
 
     Takes one conditioned model or a weighted sum of them; anything else (a disjunction, an
     unconditioned model, a model without a trained null condition) is a ``ValueError`` naming it.

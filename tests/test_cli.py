@@ -394,3 +394,17 @@ def test_a_bug_is_reported_as_a_bug_with_debug_advice_not_as_bad_input(monkeypat
     assert "\n" not in line and "Traceback" not in result.output
     debug = runner.invoke(app, ["--debug", "info", "shapes-color"])
     assert isinstance(debug.exception, KeyError)  # --debug lets the exception (and its traceback) through
+
+
+def test_compose_form_option_picks_the_sampled_energy_and_refuses_an_unknown_form(tmp_path):
+    """The default (auto) samples a sum of bundled models in its guided form; --form plain as written."""
+    expression = "shapes-color[color=red] + shapes-shape[shape=circle]"
+    auto = runner.invoke(app, ["--threads", "1", "compose", expression, "-n", "2", "--steps", "1",
+                               "-o", str(tmp_path / "a.png"), "--no-progress"])
+    assert auto.exit_code == 0, auto.output
+    assert "sampling guided(shapes-color[red] + shapes-shape[circle])" in auto.output
+    plain = runner.invoke(app, ["--threads", "1", "compose", expression, "-n", "2", "--steps", "1", "--form", "plain",
+                                "-o", str(tmp_path / "p.png"), "--no-progress"])
+    assert plain.exit_code == 0 and "sampling (shapes-color[red] + shapes-shape[circle])" in plain.output
+    bad = runner.invoke(app, ["compose", expression, "--form", "mixed", "-o", str(tmp_path / "b.png")])
+    assert bad.exit_code == 2 and "unknown --form 'mixed'; valid choices: ['auto', 'plain', 'guided']" in bad.output

@@ -31,12 +31,12 @@ def test_guided_energy_is_the_null_energy_plus_weighted_conditional_differences(
     x = torch.rand(5, 3, 8, 8)
     null = torch.full((5,), NULL)
     g = guided(color.condition(color="red") + shape.condition(shape="circle") - 0.5 * shape.condition(shape="square"))
-    e_null_color = color(x, {"color": null})
+    e_null_color, e_null_shape = color(x, {"color": null}), shape(x, {"shape": null})
     want = (
-        e_null_color
+        (e_null_color + e_null_shape + e_null_shape) / 3  # the mean of the three terms' unconditional energies
         + (color(x, {"color": torch.zeros(5, dtype=torch.long)}) - e_null_color)
-        + (shape(x, {"shape": torch.zeros(5, dtype=torch.long)}) - shape(x, {"shape": null}))
-        - 0.5 * (shape(x, {"shape": torch.ones(5, dtype=torch.long)}) - shape(x, {"shape": null}))
+        + (shape(x, {"shape": torch.zeros(5, dtype=torch.long)}) - e_null_shape)
+        - 0.5 * (shape(x, {"shape": torch.ones(5, dtype=torch.long)}) - e_null_shape)
     )
     torch.testing.assert_close(g(x), want, rtol=1e-5, atol=1e-6)
     assert isinstance(g, Guided) and g.expression() == "guided(color[red] + shape[circle] - 0.5 * shape[square])"
@@ -62,9 +62,9 @@ def test_a_pixel_set_head_model_runs_its_towers_once_per_guided_term(shape):
                                                null_condition=True, channel_blind=True, condition_head="pixel_set")))
     x, null = torch.rand(4, 3, 8, 8), torch.full((4,), NULL)
     g = guided(color.condition(color="blue") + shape.condition(shape="circle"))
-    e_null = color(x, {"color": null})
-    want = e_null + (color(x, {"color": torch.full((4,), 2)}) - e_null) + (
-        shape(x, {"shape": torch.zeros(4, dtype=torch.long)}) - shape(x, {"shape": null}))
+    e_null, e_null_shape = color(x, {"color": null}), shape(x, {"shape": null})
+    want = (e_null + e_null_shape) / 2 + (color(x, {"color": torch.full((4,), 2)}) - e_null) + (
+        shape(x, {"shape": torch.zeros(4, dtype=torch.long)}) - e_null_shape)
     batches: list[int] = []
     color.towers[0].register_forward_hook(lambda mod, args, out: batches.append(args[0].shape[0]))
     torch.testing.assert_close(g(x), want, rtol=1e-5, atol=1e-6)
@@ -102,3 +102,9 @@ def test_label_dropout_unbinds_that_fraction_of_positives_and_their_chains():
     assert 0.08 < dropped < 0.12
     _, chain_labels = trainer._chain_starts(4000, labels)
     assert torch.equal(chain_labels["color"], labels["color"])
+
+
+def test_the_guided_energy_does_not_depend_on_the_order_of_its_terms(color, shape):
+    x = torch.rand(4, 3, 8, 8)
+    red, circle = color.condition(color="red"), shape.condition(shape="circle")
+    torch.testing.assert_close(guided(red + circle)(x), guided(circle + red)(x))
