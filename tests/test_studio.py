@@ -103,14 +103,14 @@ def test_generate_samples_the_expression_and_reads_it(tmp_path):
     made = studio.generate(models, terms_to_expression(RED_CIRCLE_LARGE), n=4, seed=3, steps="5", step_size="",
                            on_step=lambda step, total: steps.append((step, total)), out_dir=tmp_path)
     assert made.samples.shape == (4, 3, 16, 16) and len(made.readings) == 4
-    assert steps[-1] == (steps[-1][1], steps[-1][1]) and steps[-1][1] == 5 * 4 + 40  # 4 rounds of 5, 40 final
+    assert steps[-1] == (steps[-1][1], steps[-1][1]) and steps[-1][1] == 5  # one round of 5 (the models' own: 1 x 60)
     assert made.png.is_file() and made.grid.size == (2 * 66 + 2, 2 * 66 + 2)  # 16 px shown at 64 px, 2 px gaps
     assert all(m is not None for r in made.readings for a, _, m in r.values if a in ("color", "shape", "size"))
     again = studio.generate(models, terms_to_expression(RED_CIRCLE_LARGE), n=4, seed=3, steps=5, out_dir=tmp_path)
     assert torch.equal(again.samples, made.samples)  # same seed, same samples; models loaded once
     assert sorted(models.models) == ["shapes-classifier", "shapes-color", "shapes-shape", "shapes-size"]
     summary = studio.sampler_summary(models, "shapes-color[color=red]")
-    assert "4 rounds x 20 steps + 40 (120 in all)" in summary
+    assert "1 rounds x 60 steps (60 in all), step size 20" in summary
 
 
 @pytest.mark.parametrize("kwargs, needle", [

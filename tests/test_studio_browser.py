@@ -24,7 +24,8 @@ expect.set_options(timeout=60_000)  # a generation on a busy 2-core CPU
 from composable_ebm import studio  # noqa: E402
 from composable_ebm.images import image_grid  # noqa: E402
 
-RED_CIRCLE_LARGE = "shapes-color[color=red] + shapes-shape[shape=circle] + shapes-size[size=large]"
+RED_CIRCLE_LARGE = "guided(shapes-color[color=red] + shapes-shape[shape=circle] + shapes-size[size=large])"
+"""The page's first expression: the default terms in the guided form, which the page starts in."""
 
 
 def _chromium() -> str | None:
@@ -82,7 +83,7 @@ def _expression(page):
 
 def test_red_circle_large_built_from_the_controls_generates_a_grid_with_readings(page, url):
     expr = _expression(page)
-    for left in ["shapes-shape[shape=circle] + shapes-size[size=large]", "shapes-size[size=large]", ""]:
+    for left in ["guided(shapes-shape[shape=circle] + shapes-size[size=large])", "guided(shapes-size[size=large])", ""]:
         page.click("#term-0-remove")
         expect(expr).to_have_value(left)
     for i, (model, value) in enumerate([("shapes-color", "color=red"), ("shapes-shape", "shape=circle"),
@@ -153,6 +154,6 @@ def test_a_bad_expression_is_one_line_and_the_next_generate_works(page):
 
 def test_deleting_a_term_updates_the_expression(page):
     page.click("#term-1-remove")
-    expect(_expression(page)).to_have_value("shapes-color[color=red] + shapes-size[size=large]")
+    expect(_expression(page)).to_have_value("guided(shapes-color[color=red] + shapes-size[size=large])")
     expect(page.locator("#term-2")).to_be_hidden()
     expect(page.locator("#term-1-model input")).to_have_value("shapes-size")
