@@ -233,7 +233,8 @@ def canonical_channels(x: Tensor) -> Tensor:
 
 
 class ResNetEnergy(Energy):
-    """The paper's ResNet energy, optionally multiscale and attribute-conditioned (FiLM)."""
+    """The paper's ResNet energy, optionally multiscale and attribute-conditioned (FiLM, or a pixel-set head), optionally
+    blind to the order of the colour channels."""
 
     def __init__(self, config: ResNetConfig) -> None:
         c = config
