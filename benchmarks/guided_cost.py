@@ -1,9 +1,9 @@
 """What a guided term costs against a plain one: time of one sampler step (energy and gradient).
 
-    python -m benchmarks.guided_cost [--n 64] [--repeats 30] [--models models/short-run]
+    python -m benchmarks.guided_cost [--n 64] [--repeats 30] [--models composable_ebm/bundled]
 
 Times ``energy_and_grad`` of ``red + circle + large`` (plain) and ``guided(red + circle + large)`` on the
-models in ``--models`` (they need a null condition: the bundled ones have none), batch ``--n``, and prints the ratio. A guided term evaluates its conditioned and its
+models in ``--models`` (they need a null condition), batch ``--n``, and prints the ratio. A guided term evaluates its conditioned and its
 unconditional energy in one call on a batch of ``2n``, so on a device where a batch of ``2n`` costs
 little more than one of ``n`` (a GPU at these sizes) the ratio nears 1; on a CPU, whose time grows with
 the batch, it nears 2.
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--models", default="models/short-run", help="folder holding shapes-<attribute> models")
+    parser.add_argument("--models", default="composable_ebm/bundled", help="folder holding shapes-<attribute> models")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -59,7 +59,9 @@ def main() -> None:
         f"`python -m benchmarks.guided_cost --n {args.n} --models {args.models}` on {machine()}: one sampler step (energy and gradient) of",
         f"`{EXPRESSION}` on a batch of {args.n}: plain {1000 * seconds['plain']:.1f} ms, guided"
         f" {1000 * seconds['guided']:.1f} ms, **{ratio:.2f}x**. Each guided term is one network call on a batch of",
-        f"{2 * args.n} (conditioned and unconditional halves); on this CPU the time of a call grows with its batch.",
+        f"{2 * args.n} (conditioned and unconditional halves), except for a model whose condition enters through a"
+        " pixel-set head (the bundled colour model), which runs its towers once; on this CPU the time of a call grows"
+        " with its batch.",
     ]))
 
 
