@@ -48,6 +48,12 @@ def train_run(attribute: str, out: Path, steps: int | None = None, recipe: Path 
     return time.perf_counter() - t
 
 
+def load_spec(spec: str):
+    """A model from a screen's argument: a model folder, a bundled name, or ``RUN_FOLDER:RECIPE`` (the EMA
+    weights of a run, its latest checkpoint while it trains)."""
+    return load_run(*(Path(part) for part in spec.split(":", 1))) if ":" in spec else load_model(spec).eval()
+
+
 def load_run(run: Path, recipe: Path):
     """The EMA model of a run: ``run/model`` when training finished, else the latest checkpoint's EMA."""
     if not (run / "model" / "config.json").is_file():

@@ -258,8 +258,10 @@ def compose(
 
 def _check_form(form: str) -> str:
     """``--form`` checked before any model is loaded."""
-    if form not in ("auto", "plain", "guided"):
-        raise InvalidInputError(f"unknown --form {form!r}; valid choices: ['auto', 'plain', 'guided']")
+    from composable_ebm.sampling import FORMS
+
+    if form not in FORMS:
+        raise InvalidInputError(f"unknown --form {form!r}; valid choices: {list(FORMS)}")
     return form
 
 

@@ -66,9 +66,11 @@ def test_a_pixel_set_head_model_runs_its_towers_once_per_guided_term(shape):
     want = (e_null + e_null_shape) / 2 + (color(x, {"color": torch.full((4,), 2)}) - e_null) + (
         shape(x, {"shape": torch.zeros(4, dtype=torch.long)}) - e_null_shape)
     batches: list[int] = []
+    heads: list[int] = []
     color.towers[0].register_forward_hook(lambda mod, args, out: batches.append(args[0].shape[0]))
+    color.head.register_forward_hook(lambda mod, args, out: heads.append(args[0].shape[0]))
     torch.testing.assert_close(g(x), want, rtol=1e-5, atol=1e-6)
-    assert batches == [4]
+    assert batches == [4] and heads == [4]
 
 
 def test_a_model_without_a_null_condition_refuses_to_be_sampled_unbound_or_guided():

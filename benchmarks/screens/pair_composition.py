@@ -14,10 +14,8 @@ torch.set_num_threads(1)
 from pathlib import Path
 from composable_ebm import compositional_accuracy, guided
 from composable_ebm.hub import load_model
-from composable_ebm.runs import load_run
-def model(spec):
-    return load_run(*spec.split(":", 1)) if ":" in spec else load_model(spec)
-sh, co = model(sys.argv[1]), model(sys.argv[2])
+from benchmarks._shapes import load_spec
+sh, co = load_spec(sys.argv[1]), load_spec(sys.argv[2])
 n = int(sys.argv[3]) if len(sys.argv) > 3 else 32
 over = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 clf = load_model("shapes-classifier").eval()

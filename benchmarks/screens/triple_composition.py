@@ -12,16 +12,10 @@ import torch
 
 from composable_ebm import compositional_accuracy
 from composable_ebm.hub import load_model
-from composable_ebm.runs import load_run
+from benchmarks._shapes import load_spec
 
 torch.set_num_threads(1)
-
-
-def model(spec):
-    return load_run(*spec.split(":", 1)) if ":" in spec else load_model(spec)
-
-
-shape, color, size = (model(s) for s in sys.argv[1:4])
+shape, color, size = (load_spec(s) for s in sys.argv[1:4])
 classifier = load_model("shapes-classifier").eval()
 n = int(sys.argv[5]) if len(sys.argv) > 5 else 24
 TARGETS = [("circle", "red", "large"), ("triangle", "green", "small"), ("square", "blue", "small"),

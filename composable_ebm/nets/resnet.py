@@ -306,7 +306,7 @@ class ResNetEnergy(Energy):
         for scale, tower in zip(self.config.scales, self.towers):
             xs = F.avg_pool2d(x, scale) if scale > 1 else x
             outs.append(tower(xs, cond if self.head is None else None))
-        if self.head is not None and cond is not None:  # the condition's logit joins the first tower's energy
+        if self.head is not None and labels:  # the condition's logit joins the first tower's energy (none when unbound)
             outs[0] = outs[0] - (self.head(raw) * cond).sum(dim=1)
         return torch.stack(outs, dim=1)
 
@@ -318,7 +318,7 @@ class ResNetEnergy(Energy):
         """With the pixel-set head the towers are unconditional: run them once, ``E(x | c) = E(x | 0) - logit_c``."""
         if self.head is None:
             return super().conditioned_and_null(x, labels)
-        null = self(x)  # the towers' energy (the head adds nothing under the null condition)
+        null = self(x)  # the towers' energy alone: unbound, the head is not run
         cond = self.condition_vector(self.encode_labels(labels, x.shape[0], x.device), x.shape[0], x.device)
         return null - (self.head(x) * cond.to(x.dtype)).sum(dim=1), null
 

@@ -11,7 +11,7 @@ import dataclasses
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -79,7 +79,7 @@ def make_generator(seed: int | None, generator: torch.Generator | None, device: 
 
 
 Form = Literal["auto", "plain", "guided"]
-FORMS: tuple[str, ...] = ("auto", "plain", "guided")
+FORMS: tuple[str, ...] = get_args(Form)
 
 
 def composition_form(energy: Energy, form: str = "auto") -> Energy:
