@@ -25,6 +25,9 @@ NETWORK_CONFIGS = {
                                         null_condition=True),
     "resnet-pixel-set-head": tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
                                          attributes={"color": ("red", "green", "blue")}),
+    "resnet-pixel-attention-log-prob": tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
+                                                   attributes={"color": ("red", "green", "blue")},
+                                                   pixel_pool="attention", head_output="log_prob"),
     "mlp": MLPConfig(hidden=16, depth=2),
     "mlp-conditional": MLPConfig(hidden=16, depth=2, attributes={"digit": ("0", "1")}),
 }
@@ -167,16 +170,68 @@ def test_channel_blind_energy_is_invariant_to_permuting_the_colour_channels():
     assert not torch.allclose(plain(x[:, [1, 0, 2]], labels), plain(x, labels))  # the property is the option's
 
 
-def test_pixel_set_head_condition_is_blind_to_where_the_pixels_are():
+@pytest.mark.parametrize("pool,output", [("mean", "logit"), ("attention", "logit"), ("attention", "log_prob")])
+def test_pixel_set_head_condition_is_blind_to_where_the_pixels_are(pool, output):
     """With the pixel-set head, E(x | c) - E(x | 0) is unchanged when the pixels are shuffled."""
     model = randomize(ResNetEnergy(tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
-                                               attributes={"color": ("red", "green", "blue")})))
+                                               attributes={"color": ("red", "green", "blue")}, pixel_pool=pool,
+                                               head_output=output)))
     x = torch.rand(4, 3, 8, 8)
     shuffled = x.flatten(2)[:, :, torch.randperm(64)].view_as(x)
     for value in range(3):
         c, null = {"color": torch.full((4,), value)}, {"color": torch.full((4,), -1)}
         torch.testing.assert_close(model(shuffled, c) - model(shuffled, null), model(x, c) - model(x, null))
     assert not torch.allclose(model(shuffled, null), model(x, null))  # the towers do see where pixels are
+
+
+def test_log_prob_head_output_makes_the_guidance_a_log_probability_of_the_value():
+    """With head_output = "log_prob", exp(-(E(x | c) - E(x | 0))) is p(c | x): positive, summing to 1 over the
+    values of each attribute, so the condition's pull is bounded where the plain logit's is not."""
+    attributes = {"color": ("red", "green", "blue"), "size": ("small", "large")}
+    model = randomize(ResNetEnergy(tiny_config(condition_head="pixel_set", null_condition=True, attributes=attributes,
+                                               pixel_pool="attention", head_output="log_prob")))
+    x = torch.rand(5, 3, 8, 8)
+    null = model(x, {"color": torch.full((5,), -1), "size": torch.full((5,), -1)})
+    for attr, values in attributes.items():
+        other = "size" if attr == "color" else "color"
+        probs = torch.stack([(null - model(x, {attr: torch.full((5,), i), other: torch.full((5,), -1)})).exp()
+                             for i in range(len(values))], dim=1)  # (B, values)
+        assert bool((probs > 0).all())
+        torch.testing.assert_close(probs.sum(dim=1), torch.ones(5))
+
+
+def test_attention_pooled_head_reads_a_small_object_like_a_large_one_where_a_mean_does_not():
+    """Attention pooling is an average over the pixels the head attends to: with its score on the object's colour,
+    the logits of a small and a large object of one colour agree; the mean's grow with the object's area."""
+    attributes = {"color": ("red", "green", "blue")}
+    x = torch.full((2, 3, 16, 16), 0.08)
+    x[0, :, 6:9, 6:9] = torch.tensor([0.9, 0.12, 0.12])[:, None, None]  # small red square
+    x[1, :, 3:13, 3:13] = torch.tensor([0.9, 0.12, 0.12])[:, None, None]  # large red square
+    logits = {}
+    for pool in ("mean", "attention"):
+        torch.manual_seed(0)
+        model = randomize(ResNetEnergy(tiny_config(condition_head="pixel_set", null_condition=True,
+                                                   attributes=attributes, pixel_pool=pool)))
+        if pool == "attention":
+            with torch.no_grad():  # a score that singles out bright red pixels: weight on the red input's features
+                model.head.score.weight.zero_()
+                model.head.score.bias.zero_()
+                model.head.pixel[0].weight.zero_()
+                model.head.pixel[0].weight[0, 0, 0, 0] = 50.0
+                model.head.pixel[0].bias.fill_(-10.0)
+                model.head.pixel[2].weight.copy_(torch.eye(8)[:, :, None, None])  # features pass through
+                model.head.pixel[2].bias.zero_()
+                model.head.score.weight[0, 0, 0, 0] = 10.0
+        logits[pool] = model.head(x)
+    torch.testing.assert_close(logits["attention"][0], logits["attention"][1], rtol=1e-3, atol=1e-3)
+    assert not torch.allclose(logits["mean"][0], logits["mean"][1], rtol=1e-2, atol=1e-2)
+
+
+def test_unknown_pixel_pool_and_head_output_name_the_choices():
+    with pytest.raises(ValueError, match=r"pixel_pool 'max'.*\['mean', 'attention'\]"):
+        tiny_config(pixel_pool="max")
+    with pytest.raises(ValueError, match=r"head_output 'prob'.*\['logit', 'log_prob'\]"):
+        tiny_config(head_output="prob")
 
 
 def test_unknown_condition_head_names_the_choices():

@@ -99,6 +99,15 @@ class ResNetConfig(JSONConfig):
     unconditional and adds ``-logit_c(x)`` from a head that sees the image as a set of pixels (a 1x1-conv
     feature of each pixel, averaged over the image), so the condition can depend on the image's colours but
     not on where they are: a colour model that cannot prefer one shape over another for a colour"""
+    pixel_pool: Literal["mean", "attention"] = "mean"
+    """how the pixel-set head pools its pixels: `mean` averages every pixel, so its logit grows with the area of
+    a colour and its gradient pushes background pixels towards the colour as hard as the object's; `attention`
+    averages them with softmax weights from a learned per-pixel score, so a small object of a colour reads as
+    that colour as much as a large one and the pixels it does not attend to (the background) get little push"""
+    head_output: Literal["logit", "log_prob"] = "logit"
+    """what the pixel-set head adds to the towers' energy: `logit` is ``-logit_c(x)``, which keeps rewarding more
+    of the colour; `log_prob` is ``-log softmax(logits)_c``, so ``p(x | c) ∝ p(x) p(c | x)`` (the classifier form
+    of a conditional) and the condition's pull stops once the image reads as ``c``"""
     null_condition: bool = False
     """the all-zero condition was trained (label dropout), so an unbound attribute gives the model's
     unconditional energy; without it an unbound attribute is refused"""
@@ -113,6 +122,10 @@ class ResNetConfig(JSONConfig):
         if self.condition_head not in ("film", "pixel_set"):
             raise InvalidInputError(
                 f"unknown condition_head {self.condition_head!r}; valid choices: ['film', 'pixel_set']")
+        if self.pixel_pool not in ("mean", "attention"):
+            raise InvalidInputError(f"unknown pixel_pool {self.pixel_pool!r}; valid choices: ['mean', 'attention']")
+        if self.head_output not in ("logit", "log_prob"):
+            raise InvalidInputError(f"unknown head_output {self.head_output!r}; valid choices: ['logit', 'log_prob']")
         if self.norm not in ("group", "instance", "none"):
             raise InvalidInputError(f"unknown norm {self.norm!r}; valid choices: ['group', 'instance', 'none']")
         check_attributes("ResNetConfig", self.attributes)
@@ -211,15 +224,21 @@ class ResNetTower(nn.Module):
 
 class PixelSetHead(nn.Module):
     """Logits ``(B, D)`` of the condition's values from the image seen as a set of pixels: two 1x1
-    convolutions with Swish, averaged over the image, then a dense layer. Blind to where a colour is."""
+    convolutions with Swish, pooled over the image (a plain mean, or softmax attention over the pixels),
+    then a dense layer. Blind to where a colour is."""
 
-    def __init__(self, in_channels: int, width: int, cond_dim: int) -> None:
+    def __init__(self, in_channels: int, width: int, cond_dim: int, pool: str = "mean") -> None:
         super().__init__()
         self.pixel = nn.Sequential(nn.Conv2d(in_channels, width, 1), Swish(), nn.Conv2d(width, width, 1), Swish())
+        self.score = nn.Conv2d(width, 1, 1) if pool == "attention" else None
         self.out = nn.Linear(width, cond_dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.out(self.pixel(x).mean(dim=(2, 3)))
+        h = self.pixel(x)  # (B, W, H, W')
+        if self.score is None:
+            return self.out(h.mean(dim=(2, 3)))
+        weights = self.score(h).flatten(1).softmax(dim=1)  # (B, H*W'): where the head looks
+        return self.out(torch.einsum("bp,bwp->bw", weights, h.flatten(2)))
 
 
 def canonical_channels(x: Tensor) -> Tensor:
@@ -253,7 +272,7 @@ class ResNetEnergy(Energy):
                 )
             towers.append(ResNetTower(c, blocks, cond_dim if c.condition_head == "film" else 0))
         self.towers = nn.ModuleList(towers)
-        self.head = PixelSetHead(c.in_channels, c.stem_channels, cond_dim) if (
+        self.head = PixelSetHead(c.in_channels, c.stem_channels, cond_dim, c.pixel_pool) if (
             c.condition_head == "pixel_set" and cond_dim) else None
 
     @property
@@ -306,8 +325,8 @@ class ResNetEnergy(Energy):
         for scale, tower in zip(self.config.scales, self.towers):
             xs = F.avg_pool2d(x, scale) if scale > 1 else x
             outs.append(tower(xs, cond if self.head is None else None))
-        if self.head is not None and labels:  # the condition's logit joins the first tower's energy (none when unbound)
-            outs[0] = outs[0] - (self.head(raw) * cond).sum(dim=1)
+        if self.head is not None and labels:  # the condition's term joins the first tower's energy (none when unbound)
+            outs[0] = outs[0] + self._head_energy(raw, cond)
         return torch.stack(outs, dim=1)
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
@@ -320,7 +339,16 @@ class ResNetEnergy(Energy):
             return super().conditioned_and_null(x, labels)
         null = self(x)  # the towers' energy alone: unbound, the head is not run
         cond = self.condition_vector(self.encode_labels(labels, x.shape[0], x.device), x.shape[0], x.device)
-        return null - (self.head(x) * cond.to(x.dtype)).sum(dim=1), null
+        return null + self._head_energy(x, cond.to(x.dtype)), null
+
+    def _head_energy(self, x: Tensor, cond: Tensor) -> Tensor:
+        """The pixel-set head's term for the condition codes ``cond`` ``(B, D)``: ``-logit_c``, or
+        ``-log p(c | x)`` per attribute with ``head_output = "log_prob"``; 0 for unbound attributes. ``(B,)``."""
+        logits = self.head(x)  # (B, D)
+        if self.config.head_output == "log_prob":
+            sizes = [len(v) for v in self.attributes.values()]
+            logits = torch.cat([part.log_softmax(dim=1) for part in logits.split(sizes, dim=1)], dim=1)
+        return -(logits * cond).sum(dim=1)
 
     def extra_repr(self) -> str:
         """The config's name, image size and attributes, for ``print(model)``."""
