@@ -170,7 +170,8 @@ def test_channel_blind_energy_is_invariant_to_permuting_the_colour_channels():
     assert not torch.allclose(plain(x[:, [1, 0, 2]], labels), plain(x, labels))  # the property is the option's
 
 
-@pytest.mark.parametrize("pool,output", [("mean", "logit"), ("attention", "logit"), ("attention", "log_prob")])
+@pytest.mark.parametrize("pool,output", [("mean", "logit"), ("attention", "logit"), ("attention", "log_prob"),
+                                         ("attention_fixed", "logit")])
 def test_pixel_set_head_condition_is_blind_to_where_the_pixels_are(pool, output):
     """With the pixel-set head, E(x | c) - E(x | 0) is unchanged when the pixels are shuffled."""
     model = randomize(ResNetEnergy(tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
@@ -227,8 +228,31 @@ def test_attention_pooled_head_reads_a_small_object_like_a_large_one_where_a_mea
     assert not torch.allclose(logits["mean"][0], logits["mean"][1], rtol=1e-2, atol=1e-2)
 
 
+def test_fixed_attention_holds_the_weights_constant_in_the_image_gradient():
+    """With pixel_pool = "attention_fixed" the condition's pull on each pixel is its attention weight times its own
+    feature's gradient (the weights held constant), so it cannot draw more pixels into the colour; trainable
+    attention's pull differs by the weights' own gradient."""
+    x = torch.rand(2, 3, 8, 8)
+    null, red = {"color": torch.full((2,), -1)}, {"color": torch.zeros(2, dtype=torch.long)}
+    for pool in ("attention", "attention_fixed"):
+        torch.manual_seed(0)
+        model = randomize(ResNetEnergy(tiny_config(condition_head="pixel_set", null_condition=True,
+                                                   attributes={"color": ("red", "green", "blue")}, pixel_pool=pool)))
+        xg = x.clone().requires_grad_(True)
+        (pull,) = torch.autograd.grad((model(xg, red) - model(xg, null)).sum(), xg)
+        head = model.head
+        weights = head.score(head.pixel(x)).flatten(1).softmax(dim=1).detach()  # (B, H*W), constants
+        xc = x.clone().requires_grad_(True)
+        logit = head.out(torch.einsum("bp,bwp->bw", weights, head.pixel(xc).flatten(2)))[:, 0]
+        (constant_weights,) = torch.autograd.grad(-logit.sum(), xc)
+        if pool == "attention_fixed":
+            torch.testing.assert_close(pull, constant_weights)
+        else:
+            assert not torch.allclose(pull, constant_weights, atol=1e-6)
+
+
 def test_unknown_pixel_pool_and_head_output_name_the_choices():
-    with pytest.raises(ValueError, match=r"pixel_pool 'max'.*\['mean', 'attention'\]"):
+    with pytest.raises(ValueError, match=r"pixel_pool 'max'.*\['mean', 'attention', 'attention_fixed'\]"):
         tiny_config(pixel_pool="max")
     with pytest.raises(ValueError, match=r"head_output 'prob'.*\['logit', 'log_prob'\]"):
         tiny_config(head_output="prob")

@@ -5,7 +5,7 @@ colour term, as the baseline), 32 samples each in the default (guided) form with
 position models, read by the bundled classifier: joint accuracy, and the background's tint, the largest
 difference between a channel's mean over the border pixels of the samples and the data's flat dark-grey background.
 
-    python benchmarks/screens/colour_head.py COLOR_MODEL [N]
+    PYTHONPATH=. python benchmarks/screens/colour_head.py COLOR_MODEL [N] [COLOR_WEIGHT]
 
 COLOR_MODEL is a model folder, a bundled name, or ``RUN_FOLDER:RECIPE`` (``benchmarks/_shapes.load_spec``).
 """
@@ -21,6 +21,7 @@ from composable_ebm.hub import load_model
 torch.set_num_threads(1)
 color = load_spec(sys.argv[1])
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 32
+weight = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0  # on the colour term of a composite
 models = {"color": color, **{a: load_model(f"shapes-{a}").eval() for a in ("shape", "size", "position")}}
 classifier = load_model("shapes-classifier").eval()
 
@@ -35,7 +36,8 @@ TARGETS += [{"color": c, "size": s} for s in ("small", "large") for c in ("red",
 TARGETS += [{"shape": "square", "color": "blue", "size": "small"}, {"color": "green"}]
 joint_colour, tints = [], []
 for target in TARGETS:
-    terms = [models[a].condition(**{a: v}) for a, v in target.items()]
+    terms = [(weight if a == "color" and len(target) > 1 else 1.0) * models[a].condition(**{a: v})
+             for a, v in target.items()]
     energy = terms[0] if len(terms) == 1 else guided(sum(terms[1:], terms[0]))
     x = energy.sample(n, seed=1)
     score = compositional_accuracy(x, classifier, target)

@@ -99,11 +99,13 @@ class ResNetConfig(JSONConfig):
     unconditional and adds ``-logit_c(x)`` from a head that sees the image as a set of pixels (a 1x1-conv
     feature of each pixel, averaged over the image), so the condition can depend on the image's colours but
     not on where they are: a colour model that cannot prefer one shape over another for a colour"""
-    pixel_pool: Literal["mean", "attention"] = "mean"
+    pixel_pool: Literal["mean", "attention", "attention_fixed"] = "mean"
     """how the pixel-set head pools its pixels: `mean` averages every pixel, so its logit grows with the area of
     a colour and its gradient pushes background pixels towards the colour as hard as the object's; `attention`
     averages them with softmax weights from a learned per-pixel score, so a small object of a colour reads as
-    that colour as much as a large one and the pixels it does not attend to (the background) get little push"""
+    that colour as much as a large one; `attention_fixed` also holds the weights constant in the image's
+    gradient (they still train), so the condition's pull moves only the pixels the head attends to and cannot
+    draw more of them (the background) into the colour"""
     head_output: Literal["logit", "log_prob"] = "logit"
     """what the pixel-set head adds to the towers' energy: `logit` is ``-logit_c(x)``, which keeps rewarding more
     of the colour; `log_prob` is ``-log softmax(logits)_c``, so ``p(x | c) ∝ p(x) p(c | x)`` (the classifier form
@@ -122,8 +124,9 @@ class ResNetConfig(JSONConfig):
         if self.condition_head not in ("film", "pixel_set"):
             raise InvalidInputError(
                 f"unknown condition_head {self.condition_head!r}; valid choices: ['film', 'pixel_set']")
-        if self.pixel_pool not in ("mean", "attention"):
-            raise InvalidInputError(f"unknown pixel_pool {self.pixel_pool!r}; valid choices: ['mean', 'attention']")
+        if self.pixel_pool not in ("mean", "attention", "attention_fixed"):
+            raise InvalidInputError(
+                f"unknown pixel_pool {self.pixel_pool!r}; valid choices: ['mean', 'attention', 'attention_fixed']")
         if self.head_output not in ("logit", "log_prob"):
             raise InvalidInputError(f"unknown head_output {self.head_output!r}; valid choices: ['logit', 'log_prob']")
         if self.norm not in ("group", "instance", "none"):
@@ -230,14 +233,16 @@ class PixelSetHead(nn.Module):
     def __init__(self, in_channels: int, width: int, cond_dim: int, pool: str = "mean") -> None:
         super().__init__()
         self.pixel = nn.Sequential(nn.Conv2d(in_channels, width, 1), Swish(), nn.Conv2d(width, width, 1), Swish())
-        self.score = nn.Conv2d(width, 1, 1) if pool == "attention" else None
+        self.score = nn.Conv2d(width, 1, 1) if pool != "mean" else None
+        self.fixed = pool == "attention_fixed"
         self.out = nn.Linear(width, cond_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.pixel(x)  # (B, W, H, W')
         if self.score is None:
             return self.out(h.mean(dim=(2, 3)))
-        weights = self.score(h).flatten(1).softmax(dim=1)  # (B, H*W'): where the head looks
+        scores = self.score(self.pixel(x.detach()) if self.fixed else h)  # (B, 1, H, W'): where the head looks
+        weights = scores.flatten(1).softmax(dim=1)  # (B, H*W')
         return self.out(torch.einsum("bp,bwp->bw", weights, h.flatten(2)))
 
 
