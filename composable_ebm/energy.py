@@ -359,6 +359,11 @@ class WeightedSum(Energy):
         self.weights: tuple[float, ...] = tuple(float(w) for w in weights)
         self.terms = nn.ModuleList(terms)
 
+    @property
+    def scales(self) -> tuple[float, ...]:
+        """Each term's model's guidance scale (1 for a model without settings of its own)."""
+        return tuple(getattr(t.base.sampler_config, "guidance_scale", 1.0) for t in self.terms)
+
     @classmethod
     def combine(cls, weighted: Sequence[tuple[float, Energy]]) -> WeightedSum:
         """A flat weighted sum of the given ``(weight, energy)`` pairs."""
@@ -479,6 +484,10 @@ class Guided(Energy):
     negation ``E(x | a) - w (E(x | b) - E(x | 0))``. A plain sum ``E(x | a) + E(x | b)`` counts
     ``p(x)`` twice, and a weight amplifies a model's bias along with its attribute.
 
+    A model's guidance scale (``SamplerConfig.guidance_scale`` in its own settings, 1 when it has none)
+    multiplies its term's weight, as classifier-free guidance scales a model's pull: the weights written
+    in the expression are relative to each model's own scale, which its card names.
+
     Every term's conditioned and unconditional energies come from one network call
     (`Energy.conditioned_and_null`: a batch of ``2B``, or the shared layers once where the condition enters
     late). Build it with `guided`.
@@ -498,11 +507,16 @@ class Guided(Energy):
         self.weights: tuple[float, ...] = tuple(float(w) for w in weights)
         self.terms = nn.ModuleList(terms)
 
+    @property
+    def scales(self) -> tuple[float, ...]:
+        """Each term's model's guidance scale (1 for a model without settings of its own)."""
+        return tuple(getattr(t.base.sampler_config, "guidance_scale", 1.0) for t in self.terms)
+
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
-        """``mean_i E_i(x | 0) + sum_i w_i (E_i(x | c_i) - E_i(x | 0))``, ``(B,)``."""
+        """``mean_i E_i(x | 0) + sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))`` (``s_i``: `scales`), ``(B,)``."""
         b = x.shape[0]
         nulls, guidance = [], []
-        for w, term in zip(self.weights, self.terms):
+        for w, term in zip((s * w for s, w in zip(self.scales, self.weights)), self.terms):
             codes = {attr: torch.as_tensor(value, device=x.device).long().expand(b) for attr, value in term.bound.items()}
             cond, uncond = term.base.conditioned_and_null(x, codes)
             nulls.append(uncond)

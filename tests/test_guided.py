@@ -8,7 +8,7 @@ import torch
 from composable_ebm import NULL, Guided, ResNetEnergy, Trainer, TrainerConfig, guided, shapes
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.expression import parse_expression
-from composable_ebm.sampling import SamplerConfig
+from composable_ebm.sampling import SamplerConfig, default_sampler_config
 from tests.conftest import tiny_config
 from tests.test_energy import randomize
 
@@ -71,6 +71,20 @@ def test_a_pixel_set_head_model_runs_its_towers_once_per_guided_term(shape):
     color.head.register_forward_hook(lambda mod, args, out: heads.append(args[0].shape[0]))
     torch.testing.assert_close(g(x), want, rtol=1e-5, atol=1e-6)
     assert batches == [4] and heads == [4]
+
+
+def test_a_models_guidance_scale_multiplies_its_terms_weight_in_the_guided_form(color, shape):
+    """guided(red + circle) with the shape model's guidance_scale 2 is guided(red + 2 * circle) with scale 1."""
+    x = torch.rand(4, 3, 8, 8)
+    red, circle = color.condition(color="red"), shape.condition(shape="circle")
+    shape.sampler_config = SamplerConfig(steps=3)
+    doubled = guided(red + 2 * circle)(x)
+    shape.sampler_config = SamplerConfig(steps=3, guidance_scale=2.0)
+    assert guided(red + circle).scales == (1.0, 2.0)
+    torch.testing.assert_close(guided(red + circle)(x), doubled)
+    assert not torch.allclose(guided(red + 2 * circle)(x), doubled)
+    assert default_sampler_config(guided(circle + red)).guidance_scale == 1.0  # it acts in the term, not the chain
+    shape.sampler_config = None
 
 
 def test_a_model_without_a_null_condition_refuses_to_be_sampled_unbound_or_guided():

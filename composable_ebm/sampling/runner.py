@@ -136,10 +136,10 @@ def _own_or_derived(energy: Energy) -> SamplerConfig | None:
             return None
         shared = len({c.augment if c is not None else None for c in parts}) == 1  # no settings: no augmentation
         augment = first.augment if shared else None
-        if isinstance(energy, (Guided, Disjunction)):
-            return dataclasses.replace(first, augment=augment)
+        if isinstance(energy, (Guided, Disjunction)):  # a part's guidance scale acts in its term, not here
+            return dataclasses.replace(first, augment=augment, guidance_scale=1.0)
         step = first.step_size / len(energy.terms)
-        return dataclasses.replace(first, step_size=step, augment=augment)
+        return dataclasses.replace(first, step_size=step, augment=augment, guidance_scale=1.0)
     return None
 
 

@@ -49,6 +49,9 @@ class SamplerConfig:
     init_scale: int = 1
     """chains start from uniform noise drawn at 1/init_scale of the image side and upsampled bilinearly
     (1: per-pixel uniform noise, Algorithm 2); larger values start from smooth colour fields"""
+    guidance_scale: float = 1.0
+    """a model's own setting for guided composites: its term ``E(x | c) - E(x | 0)`` is multiplied by it on top
+    of the weight written in the expression (classifier-free guidance's scale); no effect on anything else"""
 
     def __post_init__(self) -> None:
         if self.noise == "exact":  # spelling for recipe files, which have no null
@@ -60,6 +63,7 @@ class SamplerConfig:
             check_size("SamplerConfig", name, getattr(self, name), low=0, high=1 << 24)
         check_size("SamplerConfig", "rounds", self.rounds, high=1 << 20)
         check_size("SamplerConfig", "init_scale", self.init_scale, high=1 << 12)
+        check_range("SamplerConfig", "guidance_scale", self.guidance_scale, 0.0, 100.0, low_open=True)
         if self.steps < 0 or self.rounds < 1 or self.final_steps < 0:
             raise ValueError(
                 f"need steps >= 0, rounds >= 1, final_steps >= 0; got {self.steps}, {self.rounds}, {self.final_steps}"
