@@ -99,6 +99,11 @@ def load_recipe(path: str | Path) -> Recipe:
         trainer = config_from_dict(TrainerConfig, raw.get("trainer", {}))
         sampling = config_from_dict(SamplerConfig, raw["sampling"]) if "sampling" in raw else None
         _model_config(model_type, model)  # checked now, before any data is built
+        kept = sampling.augment_preserves if sampling is not None else None
+        if kept and set(kept) - set(data.attributes or ()):
+            raise InvalidInputError(
+                f"[sampling] augment_preserves names {sorted(set(kept) - set(data.attributes or ()))}, not attributes"
+                f" of this model; valid choices: {sorted(data.attributes or ())}")
     except (ValueError, TypeError) as err:
         raise InvalidInputError(f"{path}: {err}") from err
     return Recipe(model_type, model, data, trainer, sampling)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from PIL import Image
@@ -155,7 +157,16 @@ def test_composite_of_conditional_networks_samples_end_to_end(color_model, shape
     # and crops would move what a position or size model is bound to)
     assert default_sampler_config(composite).augment is None
     shape_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig())
+    # both use it, but neither records that it keeps the attribute its term is bound to
+    assert default_sampler_config(composite).augment is None
+    color_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig(),
+                                               augment_preserves=("color",))
+    shape_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig(), augment_preserves=())
+    assert default_sampler_config(composite).augment is None  # the shape model's keeps no shape
+    shape_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig(),
+                                               augment_preserves=("shape",))
     assert default_sampler_config(composite).augment == AugmentConfig()
+    assert default_sampler_config(red | circle).augment == AugmentConfig()
     images = composite.sample(n=4, seed=0)
     assert images.shape == (4, 3, 8, 8)
     assert images.min() >= 0 and images.max() <= 1
@@ -250,3 +261,17 @@ def test_smooth_initialisation_starts_from_low_frequency_noise_in_the_value_rang
     assert smooth.shape == plain.shape and smooth.min() >= 0 and smooth.max() <= 1
     jump = lambda x: (x[..., 1:] - x[..., :-1]).abs().mean()  # noqa: E731
     assert jump(smooth) < 0.4 * jump(plain)
+
+
+def test_a_recipe_records_only_its_own_attributes_as_preserved_by_its_augmentation(tmp_path):
+    """[sampling] augment_preserves names attributes of the recipe's model; another is one clear line."""
+    from composable_ebm.errors import InvalidInputError
+    from composable_ebm.recipes import load_recipe
+
+    recipe = tmp_path / "r.toml"
+    base = Path(__file__).resolve().parents[1] / "recipes" / "shapes-shape.toml"
+    recipe.write_text(f'base = "{base}"\n[sampling]\naugment_preserves = ["shape"]\n')
+    assert load_recipe(recipe).sampling.augment_preserves == ("shape",)
+    recipe.write_text(f'base = "{base}"\n[sampling]\naugment_preserves = ["position"]\n')
+    with pytest.raises(InvalidInputError, match=r"augment_preserves names \['position'\].*valid choices: \['shape'\]"):
+        load_recipe(recipe)

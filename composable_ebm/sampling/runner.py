@@ -115,9 +115,10 @@ def default_sampler_config(energy: Energy) -> SamplerConfig:
     - a guided sum ``E_0 + sum_i w_i (E_i(x | c_i) - E_i(x | 0))`` keeps the part's step size and steps,
       so each term's guidance moves the chain as far as that model moves it alone, over the chain its
       model was trained on (longer chains measured worse on the bundled models: docs/benchmarks.md);
-    - augmentation transitions only when every part's own settings use the same one: an
-      augmentation one model ignores (a flip, for a shape model) can change what another is
-      bound to (left or right).
+    - augmentation transitions only when every part's own settings use the same one and record
+      (``augment_preserves``) that it leaves the attributes the part is bound to unchanged: an
+      augmentation one model ignores (a flip, for a shape model) can change what another is bound to
+      (left or right).
 
     Without any settings: the sampler's defaults.
     """
@@ -135,12 +136,19 @@ def _own_or_derived(energy: Energy) -> SamplerConfig | None:
         if first is None:
             return None
         shared = len({c.augment if c is not None else None for c in parts}) == 1  # no settings: no augmentation
-        augment = first.augment if shared else None
+        augment = first.augment if shared and all(_preserves(t, c) for t, c in zip(energy.terms, parts)) else None
         if isinstance(energy, (Guided, Disjunction)):  # a part's guidance scale acts in its term, not here
             return dataclasses.replace(first, augment=augment, guidance_scale=1.0)
         step = first.step_size / len(energy.terms)
         return dataclasses.replace(first, step_size=step, augment=augment, guidance_scale=1.0)
     return None
+
+
+def _preserves(term: Energy, config: SamplerConfig | None) -> bool:
+    """Whether ``term``'s own augmentation is recorded to leave every attribute it is bound to unchanged."""
+    bound = set(term.bound) if isinstance(term, Conditioned) else set()
+    kept = config.augment_preserves if config is not None else None
+    return not bound or (kept is not None and bound <= set(kept))
 
 
 def resolve_config(energy: Energy, config: SamplerConfig | None, overrides: dict[str, Any]) -> SamplerConfig:

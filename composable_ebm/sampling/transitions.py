@@ -49,6 +49,10 @@ class SamplerConfig:
     init_scale: int = 1
     """chains start from uniform noise drawn at 1/init_scale of the image side and upsampled bilinearly
     (1: per-pixel uniform noise, Algorithm 2); larger values start from smooth colour fields"""
+    augment_preserves: tuple[str, ...] | None = None
+    """a model's own setting: which of its attributes ``augment`` leaves unchanged (its recipe records them); a
+    composite keeps an augmentation only when every term's bound attributes are among its model's. None: not
+    recorded, so a composite with this model runs no augmentation"""
     guidance_scale: float = 1.0
     """a model's own setting for guided composites: its term ``E(x | c) - E(x | 0)`` is multiplied by it on top
     of the weight written in the expression (classifier-free guidance's scale); no effect on anything else"""
@@ -63,6 +67,11 @@ class SamplerConfig:
             check_size("SamplerConfig", name, getattr(self, name), low=0, high=1 << 24)
         check_size("SamplerConfig", "rounds", self.rounds, high=1 << 20)
         check_size("SamplerConfig", "init_scale", self.init_scale, high=1 << 12)
+        if self.augment_preserves is not None:
+            if isinstance(self.augment_preserves, str) or not all(isinstance(a, str) for a in self.augment_preserves):
+                raise InvalidInputError(
+                    f"SamplerConfig.augment_preserves must be a list of attribute names, got {self.augment_preserves!r}")
+            object.__setattr__(self, "augment_preserves", tuple(self.augment_preserves))
         check_range("SamplerConfig", "guidance_scale", self.guidance_scale, 0.0, 100.0, low_open=True)
         if self.steps < 0 or self.rounds < 1 or self.final_steps < 0:
             raise ValueError(
