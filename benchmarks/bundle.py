@@ -120,7 +120,11 @@ def main() -> None:
                     if joint:
                         quality.append(f"- {arity} attributes: {len(joint)} composites, mean joint accuracy"
                                        f" {sum(joint) / len(joint):.3f}, worst {min(joint):.3f}")
-        data = load_recipe(recipe).trainer
+        recipe_settings = load_recipe(recipe)
+        if recipe_settings.sampling is not None and not args.cards_only:
+            model.sampler_config = recipe_settings.sampling  # the recipe's [sampling] as it stands (guidance_scale)
+        scale = model.sampler_config.guidance_scale if model.sampler_config is not None else 1.0
+        data = recipe_settings.trainer
         permuted = data.data_augment is not None and data.data_augment.channel_permute_prob > 0
         notes = "\n".join([
             "## Data and limitations", "",
@@ -132,7 +136,11 @@ def main() -> None:
                if data.reinit_prob < 1 else " Every training chain starts from noise.")
             + (" Trained with label dropout, so the unbound model is its unconditional energy (`guided(...)`"
                " composition uses it)." if data.label_dropout > 0 else " Trained without label dropout: bind its"
-               " attribute (it has no unconditional energy, so no `guided(...)` form)."),
+               " attribute (it has no unconditional energy, so no `guided(...)` form).")
+            + (f" Its guidance scale is {scale:g} (`[sampling] guidance_scale`): in a guided composite its term's"
+               f" weight is multiplied by {scale:g}, so `guided(a + {name}[...])` pulls towards its value"
+               f" {scale:g} times as hard as the weight reads (docs/benchmarks.md, screening the guidance scale)."
+               if scale != 1 else ""),
             f"Trained on {device} in about {minutes:.0f} minutes (from the logged step times),"
             " one thread, sharing the machine's two cores with another training run. Small, briefly"
             " trained models: check the accuracies below before relying on a combination.",
