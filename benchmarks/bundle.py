@@ -73,6 +73,8 @@ def main() -> None:
     parser.add_argument("--realism", type=Path, default=ROOT / "runs" / "realism" / "realism-bundled.json")
     parser.add_argument("--device", default=f"{platform.machine()} CPU, {torch.get_num_threads()} threads")
     parser.add_argument("--composition", type=Path, default=ROOT / "runs" / "composition" / "composition.json")
+    parser.add_argument("--curves", default=str(ROOT / "runs" / "realism" / "curve-{attribute}.json"),
+                        help="each run's realism curve (benchmarks.realism_curve --label), {attribute} filled in")
     parser.add_argument("--cards-only", action="store_true",
                         help="keep the bundled weights; write their cards (training facts read from the old cards)")
     args = parser.parse_args()
@@ -103,9 +105,9 @@ def main() -> None:
                    "| --- | --- | --- | --- | --- |"]
         quality += [f"| {r['value']} | {r['accuracy']:.3f} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |"
                     f" {max(r['coverage_gap'].values()):.2f} |" for r in rows]
-        curve_path = ROOT / "runs" / "realism" / f"curve-{attribute}.json"
+        curve_path = Path(args.curves.format(attribute=attribute))
         if curve_path.is_file() and not args.cards_only:  # the curve belongs to the runs, not the bundled weights
-            quality += ["", "Against training time (`python -m benchmarks.realism_curve`, the saved checkpoints, every 300 steps):", "",
+            quality += ["", "Against training time (`python -m benchmarks.realism_curve`, the saved checkpoints):", "",
                         "| step | minutes | median FID ratio | median HF ratio | mean accuracy |",
                         "| --- | --- | --- | --- | --- |"]
             quality += [f"| {p['step']} | {p['minutes']:.0f} | {p['fid_ratio_median']:.1f} | {p['hf_ratio_median']:.2f} |"

@@ -71,6 +71,8 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=1, help="measure the snapshots whose step is a multiple of this")
     parser.add_argument("--split", choices=("train", "all"), default="train",
                         help="renders to compare with (as benchmarks/realism.py --split)")
+    parser.add_argument("--label", default=None,
+                        help="names runs/realism/curve-LABEL.json and the docs section (default: the run folder's name)")
     args = parser.parse_args()
     args.run = args.run.resolve()
     if args.threads:
@@ -95,14 +97,16 @@ def main() -> None:
                  "accuracy_mean": statistics.mean(r["accuracy"] for r in rows)}
         points.append(point)
         print(json.dumps(point), flush=True)
-    out = ROOT / "runs" / "realism" / f"curve-{args.run.name}.json"
+    label = args.label or args.run.name
+    out = ROOT / "runs" / "realism" / f"curve-{label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(points, indent=1))
-    write_section(f"realism-curve-{args.run.name}", "\n".join([
+    write_section(f"realism-curve-{label}", "\n".join([
         f"## Realism against training time: {model.name} ({args.recipe.as_posix()})",
         "",
         f"`python -m benchmarks.realism_curve --run {args.run.relative_to(ROOT) if args.run.is_relative_to(ROOT) else args.run}"
-        f" --recipe {args.recipe} --every {args.every} --split {args.split}` on {machine()}: the EMA weights of every"
+        f" --recipe {args.recipe} --every {args.every} --split {args.split}"
+        + (f" --label {args.label}" if args.label else "") + f"` on {machine()}: the EMA weights of every"
         f" {args.every}th-step checkpoint, {args.n} samples per value",
         "with the recipe's sampling settings (as `benchmarks/realism.py`). Minutes: the run's logged step times (one",
         "thread, the machine's two cores shared with another run).",
