@@ -114,9 +114,9 @@ def main() -> None:
                         f" {p['accuracy_mean']:.3f} |" for p in json.loads(curve_path.read_text())]
         if composition is not None:
             for form, summary in composition["summaries"].items():
-                quality += ["", f"Every conjunction with the other bundled models that names this model's attribute"
-                            f" (`python -m benchmarks.composition`, {form} form, {composition['n']} samples each):", ""]
                 picked = [c for c in composition["rows"][form] if attribute in c["target"]]
+                quality += ["", f"Every conjunction with the other bundled models that names this model's attribute"
+                            f" (`python -m benchmarks.composition`, {form} form, {picked[0]['n']} samples each):", ""]
                 for arity in (2, 3, 4):
                     joint = [c["joint"] for c in picked if c["arity"] == arity]
                     if joint:
@@ -144,7 +144,7 @@ def main() -> None:
                f" {scale:g} times as hard as the weight reads (docs/benchmarks.md, screening the guidance scale)."
                if scale != 1 else ""),
             f"Trained on {device} in about {minutes:.0f} minutes (from the logged step times),"
-            " one thread, sharing the machine's two cores with another training run. Small, briefly"
+            " one thread, sharing the machine's two cores with other training runs. Small, briefly"
             " trained models: check the accuracies below before relying on a combination.",
             "", "## Reproduce", "", "```bash", f"cebm train recipes/shapes-{attribute}.toml --out runs/{attribute}",
             "```", "", *quality,
