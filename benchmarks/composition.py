@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -185,6 +186,37 @@ def main() -> None:
     report(args, parse, classifier, targets, results, n, seconds, write_doc)
 
 
+def table_picture(rows: list[dict], path: Path, title: str) -> None:
+    """Every composite's joint accuracy as a grid of cells, one row of cells per choice of attributes (the
+    held-out combinations outlined), so the whole table reads at a glance."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple[str, ...], list[dict]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row["target"]), []).append(row)
+    width = max(len(g) for g in groups.values())
+    fig, ax = plt.subplots(figsize=(0.62 * width + 2.6, 0.5 * len(groups) + 0.9))
+    grid = torch.full((len(groups), width), float("nan"))
+    for r, group in enumerate(groups.values()):
+        for c, row in enumerate(group):
+            grid[r, c] = row["joint"]
+            label = "".join(v[0] for v in row["target"].values())  # e.g. "crl" = circle, red, large
+            ax.text(c, r, f"{label}\n{row['joint']:.2f}", ha="center", va="center", fontsize=5.5)
+            if row["held_out"]:
+                ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, lw=1.5, ec="black"))
+    image = ax.imshow(grid.numpy(), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    ax.set_yticks(range(len(groups)), [" + ".join(k) for k in groups], fontsize=7)
+    ax.set_xticks([])
+    ax.set_title(title, fontsize=8)
+    fig.colorbar(image, ax=ax, fraction=0.03, pad=0.01).ax.tick_params(labelsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
 def report(args, parse, classifier, targets: list[dict], results: dict[str, list[dict]], n: int, seconds: float,
            write_doc: bool) -> None:
     """Summaries, disjunction / negation / temperature checks, the pictures and the document section."""
@@ -223,6 +255,12 @@ def report(args, parse, classifier, targets: list[dict], results: dict[str, list
     (args.out / ("composition-quick.json" if args.quick else "composition.json")).write_text(
         json.dumps({"n": n, "seconds": seconds, "summaries": summaries, "rows": results, **extra}, indent=1))
     for form in results:
+        table_picture(results[form], args.out / f"composition-table-{form}.png",
+                      f"{form} form: joint accuracy of every composite ({results[form][0]['n']} samples each;"
+                      " cells: first letters of the values, held-out combinations outlined)")
+        if write_doc:
+            shutil.copyfile(args.out / f"composition-table-{form}.png",
+                            ROOT / "docs" / "images" / f"composition-table-{form}.png")
         pairs = [t for t in targets if len(t) == 2]
         if pairs:  # every 2-attribute composite again, 6 samples each, beside renders of that combination
             sheet = [(parse(expression(t, form)).sample(6, seed=2000 + i, form="plain"), renders(t, 6, seed=500 + i))
@@ -263,6 +301,8 @@ def report(args, parse, classifier, targets: list[dict], results: dict[str, list
             "| attributes | composites | mean joint | worst | seen: mean / worst | held out: mean / worst |",
             "| --- | --- | --- | --- | --- | --- |",
             *headline(s),
+            "",
+            f"![every composite, {form} form](images/composition-table-{form}.png)",
             "",
         ]
     if len(summaries) > 1:
