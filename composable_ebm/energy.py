@@ -359,11 +359,6 @@ class WeightedSum(Energy):
         self.weights: tuple[float, ...] = tuple(float(w) for w in weights)
         self.terms = nn.ModuleList(terms)
 
-    @property
-    def scales(self) -> tuple[float, ...]:
-        """Each term's model's guidance scale (1 for a model without settings of its own)."""
-        return tuple(getattr(t.base.sampler_config, "guidance_scale", 1.0) for t in self.terms)
-
     @classmethod
     def combine(cls, weighted: Sequence[tuple[float, Energy]]) -> WeightedSum:
         """A flat weighted sum of the given ``(weight, energy)`` pairs."""

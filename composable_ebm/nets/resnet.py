@@ -97,7 +97,7 @@ class ResNetConfig(JSONConfig):
     condition_head: Literal["film", "pixel_set"] = "film"
     """where the condition enters: `film` modulates every residual block; `pixel_set` leaves the towers
     unconditional and adds ``-logit_c(x)`` from a head that sees the image as a set of pixels (a 1x1-conv
-    feature of each pixel, averaged over the image), so the condition can depend on the image's colours but
+    feature of each pixel, pooled over the image: `pixel_pool`), so the condition can depend on the image's colours but
     not on where they are: a colour model that cannot prefer one shape over another for a colour"""
     pixel_pool: Literal["mean", "attention", "attention_fixed"] = "mean"
     """how the pixel-set head pools its pixels: `mean` averages every pixel, so its logit grows with the area of
