@@ -109,7 +109,7 @@ def main() -> None:
         + (f" --label {args.label}" if args.label else "") + f"` on {machine()}: the EMA weights of every"
         f" {args.every}th-step checkpoint, {args.n} samples per value",
         "with the recipe's sampling settings (as `benchmarks/realism.py`). Minutes: the run's logged step times (one",
-        "thread, the machine's two cores shared with another run).",
+        "thread, the machine's two cores shared with other runs).",
         "",
         "| step | minutes | median FID ratio | median HF ratio | mean accuracy |",
         "| --- | --- | --- | --- | --- |",
