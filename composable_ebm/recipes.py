@@ -100,10 +100,10 @@ def load_recipe(path: str | Path) -> Recipe:
         sampling = config_from_dict(SamplerConfig, raw["sampling"]) if "sampling" in raw else None
         _model_config(model_type, model)  # checked now, before any data is built
         kept = sampling.augment_preserves if sampling is not None else None
-        if kept and set(kept) - set(data.attributes or ()):
-            raise InvalidInputError(
-                f"[sampling] augment_preserves names {sorted(set(kept) - set(data.attributes or ()))}, not attributes"
-                f" of this model; valid choices: {sorted(data.attributes or ())}")
+        foreign = sorted(set(kept or ()) - set(data.attributes))
+        if foreign:
+            raise InvalidInputError(f"[sampling] augment_preserves names {foreign}, not attributes of this model;"
+                                    f" valid choices: {sorted(data.attributes)}")
     except (ValueError, TypeError) as err:
         raise InvalidInputError(f"{path}: {err}") from err
     return Recipe(model_type, model, data, trainer, sampling)
