@@ -47,28 +47,41 @@ def renders_of(attribute: str, index: int, n: int, seed: int, split: str = "trai
     return pool.images[keep], {a: v[keep] for a, v in pool.labels.items()}
 
 
-def measure_model(model, classifier, n: int, seed: int, sampler_overrides: dict, split: str = "train") -> list[dict]:
+def measure_model(model, classifier, n: int, seed: int, sampler_overrides: dict, split: str = "train",
+                  coverage_n: int | None = None) -> list[dict]:
     """One row per value of the model's (single) attribute, against renders of ``split`` (``train``: the
-    training split, red circles held out; ``all``: every combination)."""
+    training split, red circles held out; ``all``: every combination).
+
+    FID and HF ratio come from ``n`` samples. Accuracy and coverage are read from ``coverage_n`` samples
+    (those ``n`` and more, drawn with other seeds; default ``n``): with 64 the coverage gap of a perfect
+    model is about 0.08 by chance alone, too coarse for a 0.10 target. The data's distribution of the
+    other attributes is read from the labels of the 1000 reference renders.
+    """
     (attribute, values), = model.attributes.items()
+    coverage_n = max(coverage_n or n, n)
     rows = []
     for index, value in enumerate(values):
-        reference, _ = renders_of(attribute, index, 1000, seed=100 + index, split=split)
-        real, real_labels = renders_of(attribute, index, 4 * n, seed=200 + index, split=split)
-        samples = model.condition(**{attribute: value}).sample(n, seed=seed + index, **sampler_overrides)
+        reference, reference_labels = renders_of(attribute, index, 1000, seed=100 + index, split=split)
+        real, _ = renders_of(attribute, index, 4 * n, seed=200 + index, split=split)
+        conditioned = model.condition(**{attribute: value})
+        samples = conditioned.sample(n, seed=seed + index, **sampler_overrides)
         score = realism(samples, real, reference, classifier.features)
-        pred = classifier.predict(samples)
-        others = {a: max_deviation(value_distribution(pred[a], vs), value_distribution(real_labels[a][:n], vs))
+        read = samples
+        if coverage_n > n:
+            more = conditioned.sample(coverage_n - n, seed=seed + 1000 + index, **sampler_overrides)
+            read = torch.cat([samples, more])
+        pred = classifier.predict(read)
+        others = {a: max_deviation(value_distribution(pred[a], vs), value_distribution(reference_labels[a], vs))
                   for a, vs in classifier.config.attributes.items() if a != attribute}
         rows.append({
-            "model": model.name, "attribute": attribute, "value": value, "n": n,
+            "model": model.name, "attribute": attribute, "value": value, "n": n, "coverage_n": coverage_n,
             "fid": score.fid, "fid_floor": score.fid_floor, "fid_ratio": score.fid_ratio,
             "hf_ratio": score.hf_ratio, "accuracy": float((pred[attribute] == index).float().mean()),
             "coverage_gap": others, "samples": samples, "real": real[:n],
         })
         print(f"{model.name} {value}: FID ratio {score.fid_ratio:.1f} (FID {score.fid:.3g}, floor {score.fid_floor:.3g}),"
               f" HF ratio {score.hf_ratio:.2f}, accuracy {rows[-1]['accuracy']:.3f},"
-              f" coverage gap {max(others.values()):.2f}", flush=True)
+              f" coverage gap {max(others.values()):.2f} ({coverage_n} samples)", flush=True)
     return rows
 
 
@@ -76,6 +89,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(BUNDLED), help="bundled names or model folders")
     parser.add_argument("--n", type=int, default=64, help="samples per value")
+    parser.add_argument("--coverage-n", type=int, default=256,
+                        help="samples per value for accuracy and coverage (the --n ones and more)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--label", default="bundled", help="names the sheets and the JSON")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "realism")
@@ -100,7 +115,7 @@ def main() -> None:
     all_rows = []
     for name in args.models:
         model = (load_run(Path(name), args.recipe) if args.recipe else load_model(name)).eval()
-        rows = measure_model(model, classifier, args.n, args.seed, overrides, args.split)
+        rows = measure_model(model, classifier, args.n, args.seed, overrides, args.split, args.coverage_n)
         sheet = contact_sheet([(r["samples"], r["real"]) for r in rows], per_row=8, scale=4)
         save_image(to_pil(sheet), sheets / f"realism-{args.label}-{model.name}.png")
         all_rows += rows
@@ -119,15 +134,18 @@ def main() -> None:
     lines = [
         f"## {args.title}",
         "",
-        f"`python -m benchmarks.realism --n {args.n} --label {args.label} --split {args.split}` on {machine()}. {args.n} samples"
+        f"`python -m benchmarks.realism --n {args.n} --coverage-n {args.coverage_n} --label {args.label} --split {args.split}`"
+        f" on {machine()}. {args.n} samples"
         " per value with the model's",
         "default settings against fresh renders of that value ("
         + ("the model's training split, red circles held out" if args.split == "train" else "every combination, red circles included")
         + "). FID ratio: FID in the",
         "bundled classifier's penultimate features against 1000 renders, over the floor (as many other fresh",
         "renders against the same reference, the mean of 4 such sets). HF ratio: mean |discrete Laplacian| of the samples over the renders'.",
-        "Coverage gap: the largest difference between the samples' and the renders' distribution of another",
-        "attribute, as the classifier reads them. Targets: median FID ratio <= 3, worst <= 6; HF ratio <= 1.5.",
+        f"Accuracy and coverage are read from {args.coverage_n} samples per value (those {args.n} and more). Coverage gap: the",
+        "largest difference between the samples' distribution of another attribute, as the classifier reads it, and the",
+        "1000 reference renders' labels. Targets: median FID ratio <= 3, worst <= 6; HF ratio <= 1.5; accuracy >= 0.95;",
+        "coverage gap <= 0.10.",
         "",
         f"Median FID ratio **{summary['fid_ratio_median']:.1f}** (worst {summary['fid_ratio_worst']:.1f}); "
         f"HF ratio median **{summary['hf_ratio_median']:.2f}** (worst {summary['hf_ratio_worst']:.2f}); "
