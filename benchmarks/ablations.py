@@ -17,7 +17,6 @@ import functools
 import json
 import operator
 import time
-from pathlib import Path
 
 import torch
 
@@ -25,7 +24,7 @@ from benchmarks._report import machine, write_section
 from benchmarks._shapes import ROOT, load_run
 from composable_ebm import compositional_accuracy
 from composable_ebm.data.datasets import SHAPES_ATTRIBUTES
-from composable_ebm.hub import load_model
+from composable_ebm.persistence import load_model
 from composable_ebm.training import read_log
 
 # label, run folder, recipe

@@ -6,10 +6,10 @@ Implements "Improved Contrastive Divergence Training of Energy-Based Models"
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from composable_ebm._version import __version__
 
 # Names are imported on first use (PEP 562), so `import composable_ebm.errors` or `cebm --help`
 # does not pay for torch; `from composable_ebm import X` and `composable_ebm.X` work as usual.
@@ -25,13 +25,13 @@ _EXPORTS = {
                      "fid", "inception_score", "ood_auroc", "plot_training_health", "train_classifier"],
                     "composable_ebm.evaluation"),
     **dict.fromkeys(["chain_strip", "image_grid", "save_chain_strip", "save_image_grid"], "composable_ebm.images"),
-    **dict.fromkeys(["list_models"], "composable_ebm.hub"),
+    **dict.fromkeys(["Pretrained", "list_models", "register"], "composable_ebm.persistence"),
     **dict.fromkeys(["TrainedRun", "load_run", "train_recipe"], "composable_ebm.runs"),
 }
-_RENAMED = {"load": ("composable_ebm.hub", "load_model"), "push": ("composable_ebm.hub", "push_to_hub"),
-            "save": ("composable_ebm.hub", "save_model")}
+_RENAMED = {"load": ("composable_ebm.persistence", "load_model"), "push": ("composable_ebm.persistence", "push_to_hub"),
+            "save": ("composable_ebm.persistence", "save_model")}
 _SUBMODULES = {"analytic", "atomic", "cli", "configs", "data", "energy", "errors", "evaluation", "expression", "hub",
-               "images", "model_cards", "nets", "recipes", "runs", "sampling", "studio", "training"}
+               "images", "model_cards", "nets", "persistence", "recipes", "runs", "sampling", "studio", "training"}
 
 
 def __getattr__(name: str) -> Any:
@@ -68,10 +68,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         plot_training_health,
         train_classifier,
     )
-    from composable_ebm.hub import list_models
-    from composable_ebm.hub import load_model as load
-    from composable_ebm.hub import push_to_hub as push
-    from composable_ebm.hub import save_model as save
+    from composable_ebm.persistence import Pretrained, list_models, register
+    from composable_ebm.persistence import load_model as load
+    from composable_ebm.persistence import push_to_hub as push
+    from composable_ebm.persistence import save_model as save
     from composable_ebm.images import chain_strip, image_grid, save_chain_strip, save_image_grid
     from composable_ebm.runs import TrainedRun, load_run, train_recipe
     from composable_ebm.nets import BlockSpec, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
@@ -94,6 +94,7 @@ __all__ = [
     "MLPConfig",
     "NULL",
     "MLPEnergy",
+    "Pretrained",
     "ReplayBuffer",
     "ResNetConfig",
     "ResNetEnergy",
@@ -122,6 +123,7 @@ __all__ = [
     "plot_training_health",
     "sample",
     "push",
+    "register",
     "save",
     "save_chain_strip",
     "save_image_grid",

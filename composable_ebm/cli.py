@@ -296,7 +296,7 @@ def _load_classifier(name: str, device: torch.device, refresh: bool = False):
 
 def _load_as(name: str, device: torch.device, refresh: bool, cls: type, message: Callable[[str], str]):
     """``load_model``, refusing a model of another kind with ``message(kind found)``."""
-    from composable_ebm.hub import load_model
+    from composable_ebm.persistence import load_model
 
     model = load_model(name, device, refresh=refresh)
     if not isinstance(model, cls):
@@ -307,7 +307,7 @@ def _load_as(name: str, device: torch.device, refresh: bool, cls: type, message:
 def _load_expression(expression: str, device: torch.device, refresh: bool = False):
     """The composite energy of an expression, each named model loaded once onto ``device``."""
     from composable_ebm.expression import parse_expression
-    from composable_ebm.hub import load_model
+    from composable_ebm.persistence import load_model
 
     return parse_expression(expression, lambda name: load_model(name, device, refresh=refresh))
 
@@ -344,7 +344,7 @@ def list_command(
     \b
     Example: cebm list
     """
-    from composable_ebm.hub import list_models
+    from composable_ebm.persistence import list_models
 
     rows = list_models()
     if as_json:
@@ -371,7 +371,7 @@ def push(
     \b
     Example: cebm push runs/color/model my-org/shapes-color --revision v1
     """
-    from composable_ebm.hub import push_folder
+    from composable_ebm.persistence import push_folder
 
     if not model_dir.is_dir():
         raise InvalidInputError(f"no model folder at {model_dir}")
@@ -402,7 +402,7 @@ def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name o
     \b
     Example: cebm info shapes-color
     """
-    from composable_ebm.hub import WEIGHTS_NAME, read_config, resolve_source, typed_configs, weights_header
+    from composable_ebm.persistence import WEIGHTS_NAME, read_config, resolve_source, typed_configs, weights_header
 
     folder = resolve_source(model, refresh=refresh)
     payload = read_config(folder)
@@ -494,7 +494,7 @@ def eval_fid(
     )
     import torch
 
-    from composable_ebm.hub import load_model
+    from composable_ebm.persistence import load_model
     from composable_ebm.images import load_image_folder
 
     dev = _device(device)

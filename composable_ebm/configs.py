@@ -30,6 +30,10 @@ MAX_TOTAL_STEPS = 1 << 20
 """Most Langevin steps one sampler config may ask for (``rounds * steps + final_steps``)."""
 MAX_BUFFER_ELEMENTS = 1 << 31
 """Most elements a replay buffer may hold (8 GiB in float32)."""
+MAX_PARAMETERS = 1_000_000_000
+"""Most weight elements a loaded model may have (4 GB in float32)."""
+MAX_CONFIG_BYTES = 1_000_000
+"""Largest model ``config.json`` read."""
 
 
 def check_attributes(owner: str, attributes: dict[str, tuple[str, ...]]) -> None:

@@ -11,23 +11,26 @@ energy means more likely, ``p(x) ∝ exp(-E(x))``. Every algebra operation retur
 - ``a / T``: temperature, ``E_a / T``;
 - ``a.condition(attr=value)``: binds attributes of a conditional model.
 
-This module imports nothing else from the package: ``Energy.sample`` reaches the
-sampler at call time.
+Each energy knows how it is sampled by default: its own settings (`Energy.sampler_config`), or,
+for a composite, settings derived from its parts (`Energy.derived_sampler_config`) and, for a sum of
+conditioned models, its guided form (`Energy.composed`). The sampler (`composable_ebm.sampling`, the
+layer below) runs chains on any energy through these methods and knows no composite class.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 from numbers import Real
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:  # pragma: no cover
-    from composable_ebm.sampling import SamplerConfig, SampleResult
+from composable_ebm.errors import InvalidInputError
+from composable_ebm.sampling import FORMS, SamplerConfig, SampleResult, sample
 
 Labels = Mapping[str, Tensor]
 """Per-item attribute values: attribute name -> integer value indices of shape ``(B,)``
@@ -209,8 +212,7 @@ class Energy(nn.Module):
     def sampler_config(self) -> SamplerConfig | None:
         """Sampling settings set on this energy (a trained model carries its recipe's), or ``None``.
 
-        A composite has none of its own: `composable_ebm.sampling.default_sampler_config`
-        derives its defaults from its parts.
+        A composite has none of its own: `derived_sampler_config` derives its defaults from its parts.
         """
         return self._sampler_config
 
@@ -218,49 +220,46 @@ class Energy(nn.Module):
     def sampler_config(self, config: SamplerConfig | None) -> None:
         self._sampler_config = config
 
+    def derived_sampler_config(self) -> SamplerConfig | None:
+        """The settings ``sample(n)`` uses when none are given, ``None`` when neither this energy nor any
+        part has settings (the sampler's defaults apply; see `composable_ebm.sampling.default_sampler_config`).
+
+        An energy's own settings (a trained model carries its recipe's); a conditioned model its base's; a
+        composite (weighted sum, guided sum, disjunction) its first part's, with these rules:
+
+        - the step size of a plain sum is the part's divided by the number of terms (the authors' composition
+          scripts), not by the weights: a temperature ``/ T`` then scales the gradient against fixed noise,
+          so it widens (T > 1) or sharpens (T < 1) the samples (dividing by the total weight cancelled it);
+        - a guided sum ``E_0 + sum_i w_i (E_i(x | c_i) - E_i(x | 0))`` keeps the part's step size and steps,
+          so each term's guidance moves the chain as far as that model moves it alone, over the chain its
+          model was trained on (longer chains measured worse on the bundled models: docs/benchmarks.md);
+        - augmentation transitions only when every part's own settings use the same one and record
+          (``augment_preserves``) that it leaves the attributes the part is bound to unchanged: an
+          augmentation one model ignores (a flip, for a shape model) can change what another is bound to
+          (left or right).
+        """
+        return self.sampler_config
+
+    def composed(self, form: str = "auto") -> Energy:
+        """The energy a sampler runs for this one in ``form`` (one of `composable_ebm.sampling.FORMS`).
+
+        ``auto``: a weighted sum of two or more conditioned models that all have a trained null condition
+        (label dropout) becomes its guided form ``E_0 + sum_i w_i (E_i(x | c_i) - E_i(x | 0))``, which
+        composes the bundled models far better than the plain sum (docs/benchmarks.md); anything else is
+        sampled as written. ``plain``: as written. ``guided``: `guided` of it (a ``ValueError`` naming the
+        term that has no guided form).
+        """
+        if form not in FORMS:
+            raise InvalidInputError(f"unknown composition form {form!r}; valid choices: {list(FORMS)}")
+        return guided(self) if form == "guided" else self
+
     def sample(self, n: int, **kwargs: Any) -> Tensor:
         """Draw ``n`` samples ``(n, *input_shape)`` with Algorithm 2; see `composable_ebm.sampling.sample`."""
-        from composable_ebm.sampling import sample
-
         return sample(self, n, **kwargs).samples
 
     def sample_chain(self, n: int, **kwargs: Any) -> SampleResult:
         """Like `sample` but returns the whole `SampleResult`."""
-        from composable_ebm.sampling import sample
-
         return sample(self, n, **kwargs)
-
-    # ------------------------------------------------------------------ saving
-    def save_pretrained(self, folder: str | Any, card: str | None = None) -> Any:
-        """Save as ``config.json`` + ``model.safetensors`` with a model card (default: a generated one)."""
-        from composable_ebm.hub import save_model
-        from composable_ebm.model_cards import model_card
-
-        return save_model(self, folder, card=card if card is not None else model_card(self, location=str(folder)))
-
-    def push_to_hub(self, repo_id: str, revision: str | None = None, private: bool = False,
-                    token: str | None = None, commit_message: str | None = None) -> str:
-        """Publish to the Hugging Face Hub (see `composable_ebm.push`); returns the commit URL."""
-        from composable_ebm.hub import push_to_hub
-
-        return push_to_hub(self, repo_id, revision=revision, private=private, token=token,
-                           commit_message=commit_message)
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str | Any, revision: str | None = None, device: Any = "cpu", *,
-                        token: str | bool | None = None, cache_dir: str | Any | None = None,
-                        force_download: bool = False, local_files_only: bool = False) -> Energy:
-        """Load a saved model of this class: a folder, a bundled name or ``org/name[@revision]``.
-
-        ``token``, ``cache_dir``, ``force_download`` and ``local_files_only`` mean what they mean in
-        huggingface_hub's ``from_pretrained`` (see `load_model`)."""
-        from composable_ebm.hub import load_model
-
-        model = load_model(name_or_path, device=device, revision=revision, token=token, cache_dir=cache_dir,
-                           force_download=force_download, local_files_only=local_files_only)
-        if not isinstance(model, cls):
-            raise TypeError(f"{name_or_path} holds a {type(model).__name__}, not a {cls.__name__}")
-        return model
 
     # ----------------------------------------------------------------- algebra
     def __add__(self, other: object) -> Energy:
@@ -340,6 +339,27 @@ def _check_compatible(parts: Sequence[Energy]) -> tuple[tuple[int, ...], tuple[f
     return first.input_shape, first.value_range
 
 
+def _derive_from_parts(composite: WeightedSum | Disjunction | Guided) -> SamplerConfig | None:
+    """A composite's own settings, else its first part's, with an augmentation only where every part shares
+    it and preserves what the part is bound to, and a guidance scale of 1 (a part's scale acts in its term)."""
+    if composite.sampler_config is not None:
+        return composite.sampler_config
+    parts = [t.derived_sampler_config() for t in composite.terms]
+    first = next((c for c in parts if c is not None), None)
+    if first is None:
+        return None
+    shared = len({c.augment if c is not None else None for c in parts}) == 1  # no settings: no augmentation
+    keeps = shared and all(_preserves(t, c) for t, c in zip(composite.terms, parts))
+    return dataclasses.replace(first, augment=first.augment if keeps else None, guidance_scale=1.0)
+
+
+def _preserves(term: Energy, config: SamplerConfig | None) -> bool:
+    """Whether ``term``'s own augmentation is recorded to leave every attribute it is bound to unchanged."""
+    bound = set(term.bound) if isinstance(term, Conditioned) else set()
+    kept = config.augment_preserves if config is not None else None
+    return not bound or (kept is not None and bound <= set(kept))
+
+
 def _format_weight(w: float) -> str:
     return repr(float(w))
 
@@ -390,6 +410,21 @@ class WeightedSum(Energy):
             total = total + w * term(x)
         return total
 
+    def composed(self, form: str = "auto") -> Energy:
+        """Its guided form under ``auto`` when every term is a conditioned model with a trained null
+        condition (see `Energy.composed`)."""
+        if form == "auto" and len(self.terms) > 1 and all(
+                isinstance(t, Conditioned) and t.base.has_null_condition for t in self.terms):
+            return guided(self)
+        return super().composed(form)
+
+    def derived_sampler_config(self) -> SamplerConfig | None:
+        """The first part's settings, its step size divided by the number of terms (`Energy.derived_sampler_config`)."""
+        if self.sampler_config is not None:
+            return self.sampler_config
+        first = _derive_from_parts(self)
+        return None if first is None else dataclasses.replace(first, step_size=first.step_size / len(self.terms))
+
     def expression(self) -> str:
         """The sum as text, e.g. ``(color[red] + 2.0 * shape[circle])``."""
         parts = []
@@ -423,6 +458,10 @@ class Disjunction(Energy):
         stacked = torch.stack([t(x) for t in self.terms], dim=1)  # (B, K)
         return -torch.logsumexp(-stacked, dim=1)
 
+    def derived_sampler_config(self) -> SamplerConfig | None:
+        """The first part's settings (`Energy.derived_sampler_config`)."""
+        return _derive_from_parts(self)
+
     def expression(self) -> str:
         """The disjunction as text, e.g. ``(color[red] | color[blue])``."""
         return "(" + " | ".join(t.expression() for t in self.terms) + ")"
@@ -449,6 +488,10 @@ class Conditioned(Energy):
         merged: dict[str, Any] = dict(labels or {})
         merged.update(self.bound)
         return self.base(x, merged)
+
+    def derived_sampler_config(self) -> SamplerConfig | None:
+        """Its own settings, else its base's."""
+        return self.sampler_config or self.base.derived_sampler_config()
 
     def expression(self) -> str:
         """The base's expression with its bound values, e.g. ``color[red]``."""
@@ -517,6 +560,16 @@ class Guided(Energy):
             nulls.append(uncond)
             guidance.append(w * (cond - uncond))
         return torch.stack(nulls).mean(dim=0) + torch.stack(guidance).sum(dim=0)
+
+    def composed(self, form: str = "auto") -> Energy:
+        """Itself, in every form."""
+        if form not in FORMS:
+            raise InvalidInputError(f"unknown composition form {form!r}; valid choices: {list(FORMS)}")
+        return self
+
+    def derived_sampler_config(self) -> SamplerConfig | None:
+        """The first part's settings (`Energy.derived_sampler_config`)."""
+        return _derive_from_parts(self)
 
     def expression(self) -> str:
         """The guided sum as text, e.g. ``guided(color[red] + shape[circle])``."""

@@ -69,7 +69,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     from tqdm.auto import tqdm
 
     from composable_ebm.evaluation import plot_training_health
-    from composable_ebm.hub import save_model
+    from composable_ebm.persistence import save_model
     from composable_ebm.model_cards import model_card, recipe_text
     from composable_ebm.recipes import build_dataset, build_model, load_recipe
     from composable_ebm.training import Trainer, init_distributed, read_log
@@ -128,7 +128,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
 def load_run(run: str | Path, recipe: str | Path | None = None, device: torch.device | str = "cpu") -> Any:
     """The EMA model of a run folder: ``run/model`` when training finished; else, given the run's
     ``recipe``, the EMA weights of its latest checkpoint in the recipe's network."""
-    from composable_ebm.hub import load_model
+    from composable_ebm.persistence import load_model
     from composable_ebm.recipes import build_dataset, build_model, load_recipe
     from composable_ebm.training import load_checkpoint
 

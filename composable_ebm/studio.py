@@ -298,7 +298,7 @@ class ModelCache:
     def __call__(self, name: str) -> Any:
         if name not in self.models:
             if self._loader is None:
-                from composable_ebm.hub import load_model
+                from composable_ebm.persistence import load_model
 
                 self._loader = load_model
             self.models[name] = self._loader(name, self.device)
@@ -397,7 +397,7 @@ def error_line(err: BaseException) -> str:
 
 def energy_models() -> list[str]:
     """The bundled and cached energy models the model lists offer (classifiers are left out)."""
-    from composable_ebm.hub import list_models
+    from composable_ebm.persistence import list_models
 
     return [row["name"] for row in list_models() if row.get("type") and "classifier" not in row["type"]]
 

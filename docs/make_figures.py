@@ -36,7 +36,7 @@ README_EXPRESSION = "shapes-color[color=red] + shapes-shape[shape=circle] + shap
 
 
 def algebra_figures() -> None:
-    color, shape, size = cebm.load("shapes-color"), cebm.load("shapes-shape"), cebm.load("shapes-size")
+    color, shape = cebm.load("shapes-color"), cebm.load("shapes-shape")
     m = {c: color.condition(color=c) for c in ("red", "green", "blue")}
     m |= {s: shape.condition(shape=s) for s in ("circle", "square", "triangle")}
     for key, (text, build) in OPERATORS.items():

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from composable_ebm.cli import app
 from composable_ebm.evaluation import AttributeClassifier, ClassifierConfig
 from composable_ebm.expression import parse_expression
-from composable_ebm.hub import load_model, save_model
+from composable_ebm.persistence import load_model, save_model
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -386,7 +386,7 @@ def test_a_bug_is_reported_as_a_bug_with_debug_advice_not_as_bad_input(monkeypat
     def broken(folder):
         return {}["model_type"]  # a programming error inside the library
 
-    monkeypatch.setattr("composable_ebm.hub.read_config", broken)
+    monkeypatch.setattr("composable_ebm.persistence.read_config", broken)
     result = runner.invoke(app, ["info", "shapes-color"])
     assert result.exit_code == 1
     line = result.output.strip()

@@ -28,7 +28,7 @@ from composable_ebm.evaluation import (
     plot_training_health,
     train_classifier,
 )
-from composable_ebm.hub import load_model, save_model
+from composable_ebm.persistence import load_model, save_model
 from composable_ebm.images import save_image_grid
 from composable_ebm.sampling import AugmentConfig, SamplerConfig
 from tests.conftest import tiny_config
@@ -186,7 +186,7 @@ def test_energy_models_round_trip_with_their_sampler_settings(tmp_path):
 def test_realism_scores_fresh_renders_near_the_floor_and_noise_far_above_it():
     """FID ratio ~1 and HF ratio ~1 for real images; speckled images score far higher on both."""
     from composable_ebm.evaluation.realism import contact_sheet, high_frequency_energy, realism
-    from composable_ebm.hub import load_model
+    from composable_ebm.persistence import load_model
 
     classifier = load_model("shapes-classifier").eval()
     reference = shapes(400, 16, seed=10, split="all").images

@@ -30,7 +30,7 @@ from composable_ebm.errors import (
     NonFiniteError,
 )
 from composable_ebm.expression import parse_expression
-from composable_ebm.hub import CONFIG_NAME, WEIGHTS_NAME, load_model, save_model
+from composable_ebm.persistence import CONFIG_NAME, WEIGHTS_NAME, load_model, save_model
 from composable_ebm.nets import ResNetConfig, ResNetEnergy
 from composable_ebm.recipes import load_recipe
 from composable_ebm.sampling import AugmentConfig, SamplerConfig
@@ -138,7 +138,7 @@ def test_offline_with_nothing_cached_is_one_line_within_a_second(tmp_path):
 # --------------------------------------------------------------------------- 2. no lost model
 _KILL_BETWEEN_RENAMES = """
 import os, sys
-import composable_ebm.hub as hub
+import composable_ebm.persistence as persistence
 from composable_ebm import MLPConfig, MLPEnergy
 real_rename, calls = os.rename, []
 def rename(src, dst):
@@ -146,8 +146,8 @@ def rename(src, dst):
     if len(calls) == 2:  # the old folder is aside, the new one not yet in place: die here
         os._exit(9)
     real_rename(src, dst)
-hub.os.rename = rename
-hub.save_model(MLPEnergy(MLPConfig(name="v2", hidden=8, depth=1)), sys.argv[1])
+persistence.os.rename = rename
+persistence.save_model(MLPEnergy(MLPConfig(name="v2", hidden=8, depth=1)), sys.argv[1])
 """
 
 
@@ -178,7 +178,7 @@ def test_a_save_never_mixes_new_weights_with_an_old_config(tmp_path, monkeypatch
             raise OSError("disk gone")
         real_rename(src, dst)
 
-    monkeypatch.setattr("composable_ebm.hub.os.rename", fail_second)
+    monkeypatch.setattr("composable_ebm.persistence.os.rename", fail_second)
     with pytest.raises(OSError, match="disk gone"):
         save_model(_mlp("v2", hidden=16), folder)
     monkeypatch.undo()

@@ -16,7 +16,7 @@ import torch
 from benchmarks._shapes import load_spec
 from composable_ebm import compositional_accuracy, guided
 from composable_ebm.data.datasets import _BACKGROUND as BACKGROUND
-from composable_ebm.hub import load_model
+from composable_ebm.persistence import load_model
 
 torch.set_num_threads(1)
 color = load_spec(sys.argv[1])

@@ -13,7 +13,7 @@ import torch
 
 from benchmarks.composition import conjunctions
 from composable_ebm import compositional_accuracy, guided
-from composable_ebm.hub import load_model
+from composable_ebm.persistence import load_model
 
 torch.set_num_threads(1)
 folder = sys.argv[1]

@@ -11,9 +11,8 @@ The recipes of the screening runs are beside this file (``cebm train benchmarks/
 """
 import sys, torch, itertools, json
 torch.set_num_threads(1)
-from pathlib import Path
 from composable_ebm import compositional_accuracy, guided
-from composable_ebm.hub import load_model
+from composable_ebm.persistence import load_model
 from benchmarks._shapes import load_spec
 sh, co = load_spec(sys.argv[1]), load_spec(sys.argv[2])
 n = int(sys.argv[3]) if len(sys.argv) > 3 else 32

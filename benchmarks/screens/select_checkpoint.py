@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.realism import measure_model
-from composable_ebm.hub import load_model
+from composable_ebm.persistence import load_model
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 
 torch.set_num_threads(1)

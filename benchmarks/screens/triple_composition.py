@@ -11,7 +11,7 @@ import sys
 import torch
 
 from composable_ebm import compositional_accuracy
-from composable_ebm.hub import load_model
+from composable_ebm.persistence import load_model
 from benchmarks._shapes import load_spec
 
 torch.set_num_threads(1)

@@ -17,6 +17,7 @@ from composable_ebm.configs import MAX_IMAGE_SIZE, MAX_WIDTH, JSONConfig, check_
 from composable_ebm.energy import value_index
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.images import as_float_images
+from composable_ebm.persistence import Pretrained, register
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,11 @@ class ClassifierConfig(JSONConfig):
         check_attributes("ClassifierConfig", self.attributes)
 
 
-class AttributeClassifier(nn.Module):
+@register("attribute_classifier")
+class AttributeClassifier(Pretrained, nn.Module):
     """Three conv stages (conv, group norm, SiLU, conv, 2x pool) -> global mean -> one linear head per attribute."""
+
+    config_class = ClassifierConfig
 
     def __init__(self, config: ClassifierConfig) -> None:
         super().__init__()

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from composable_ebm.configs import JSONConfig, check_attributes, check_size
 from composable_ebm.energy import Energy, Labels
+from composable_ebm.persistence import Pretrained, register
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,11 @@ class MLPConfig(JSONConfig):
         check_attributes("MLPConfig", self.attributes)
 
 
-class MLPEnergy(Energy):
+@register("mlp_energy")
+class MLPEnergy(Pretrained, Energy):
     """``x -> Linear -> Swish -> ... -> Linear -> 1``, conditioned by concatenating one-hot attributes."""
+
+    config_class = MLPConfig
 
     def __init__(self, config: MLPConfig) -> None:
         super().__init__((config.dim,), config.value_range, config.attributes)

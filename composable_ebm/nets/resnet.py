@@ -27,6 +27,7 @@ from composable_ebm.configs import MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSON
 from composable_ebm.energy import Energy, Labels
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.layers import Norm, ResBlock, SelfAttention, Swish, conv
+from composable_ebm.persistence import Pretrained, register
 
 
 @dataclass(frozen=True)
@@ -256,9 +257,12 @@ def canonical_channels(x: Tensor) -> Tensor:
     return x.gather(1, order[:, :, None, None].expand_as(x))
 
 
-class ResNetEnergy(Energy):
+@register("resnet_energy")
+class ResNetEnergy(Pretrained, Energy):
     """The paper's ResNet energy, optionally multiscale and attribute-conditioned (FiLM, or a pixel-set head), optionally
     blind to the order of the colour channels."""
+
+    config_class = ResNetConfig
 
     def __init__(self, config: ResNetConfig) -> None:
         c = config

@@ -11,13 +11,12 @@ import dataclasses
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from composable_ebm.energy import Conditioned, Disjunction, Energy, Guided, Labels, WeightedSum, guided
 from composable_ebm.errors import InvalidInputError, NonFiniteError
 from composable_ebm.sampling.augment import augment
 from composable_ebm.sampling.transitions import (
@@ -30,6 +29,9 @@ from composable_ebm.sampling.transitions import (
     langevin_update,
     mala_step,
 )
+
+if TYPE_CHECKING:  # pragma: no cover; the sampler runs any energy through its methods, and the energies use it
+    from composable_ebm.energy import Energy, Labels
 
 
 @dataclass
@@ -83,72 +85,18 @@ FORMS: tuple[str, ...] = get_args(Form)
 
 
 def composition_form(energy: Energy, form: str = "auto") -> Energy:
-    """The energy a sampler runs for ``energy`` in ``form``.
-
-    ``auto``: a weighted sum of two or more conditioned models that all have a trained null condition
-    (label dropout) becomes its guided form ``E_0 + sum_i w_i (E_i(x | c_i) - E_i(x | 0))``, which
-    composes the bundled models far better than the plain sum (docs/benchmarks.md); anything else is
-    sampled as written. ``plain``: as written. ``guided``: `composable_ebm.guided` of it (a ``ValueError``
-    naming the term that has no guided form).
-    """
+    """The energy a sampler runs for ``energy`` in ``form``: `composable_ebm.Energy.composed` (``auto``: a
+    sum of conditioned models with trained null conditions in its guided form; ``plain``: as written;
+    ``guided``: its guided form, or a ``ValueError`` naming the term that has none)."""
     if form not in FORMS:
         raise InvalidInputError(f"unknown composition form {form!r}; valid choices: {list(FORMS)}")
-    if form == "plain" or isinstance(energy, Guided):
-        return energy
-    if form == "guided":
-        return guided(energy)
-    if isinstance(energy, WeightedSum) and len(energy.terms) > 1 and all(
-            isinstance(t, Conditioned) and t.base.has_null_condition for t in energy.terms):
-        return guided(energy)
-    return energy
+    return energy.composed(form)
 
 
 def default_sampler_config(energy: Energy) -> SamplerConfig:
-    """The settings ``energy.sample(n)`` uses when none are given.
-
-    A model's own settings (a trained model carries its recipe's); a conditioned model its
-    base's; a composite (weighted sum, guided sum, disjunction) its first part's, with these rules:
-
-    - the step size of a plain sum is the part's divided by the number of terms (the authors' composition
-      scripts), not by the weights: a temperature ``/ T`` then scales the gradient against fixed noise,
-      so it widens (T > 1) or sharpens (T < 1) the samples (dividing by the total weight cancelled it);
-    - a guided sum ``E_0 + sum_i w_i (E_i(x | c_i) - E_i(x | 0))`` keeps the part's step size and steps,
-      so each term's guidance moves the chain as far as that model moves it alone, over the chain its
-      model was trained on (longer chains measured worse on the bundled models: docs/benchmarks.md);
-    - augmentation transitions only when every part's own settings use the same one and record
-      (``augment_preserves``) that it leaves the attributes the part is bound to unchanged: an
-      augmentation one model ignores (a flip, for a shape model) can change what another is bound to
-      (left or right).
-
-    Without any settings: the sampler's defaults.
-    """
-    return _own_or_derived(energy) or SamplerConfig()
-
-
-def _own_or_derived(energy: Energy) -> SamplerConfig | None:
-    if energy.sampler_config is not None:
-        return energy.sampler_config
-    if isinstance(energy, Conditioned):
-        return _own_or_derived(energy.base)
-    if isinstance(energy, (WeightedSum, Guided, Disjunction)):
-        parts = [_own_or_derived(t) for t in energy.terms]
-        first = next((c for c in parts if c is not None), None)
-        if first is None:
-            return None
-        shared = len({c.augment if c is not None else None for c in parts}) == 1  # no settings: no augmentation
-        augment = first.augment if shared and all(_preserves(t, c) for t, c in zip(energy.terms, parts)) else None
-        if isinstance(energy, (Guided, Disjunction)):  # a part's guidance scale acts in its term, not here
-            return dataclasses.replace(first, augment=augment, guidance_scale=1.0)
-        step = first.step_size / len(energy.terms)
-        return dataclasses.replace(first, step_size=step, augment=augment, guidance_scale=1.0)
-    return None
-
-
-def _preserves(term: Energy, config: SamplerConfig | None) -> bool:
-    """Whether ``term``'s own augmentation is recorded to leave every attribute it is bound to unchanged."""
-    bound = set(term.bound) if isinstance(term, Conditioned) else set()
-    kept = config.augment_preserves if config is not None else None
-    return not bound or (kept is not None and bound <= set(kept))
+    """The settings ``energy.sample(n)`` uses when none are given: the energy's own or derived from its
+    parts (`composable_ebm.Energy.derived_sampler_config`), else the sampler's defaults."""
+    return energy.derived_sampler_config() or SamplerConfig()
 
 
 def resolve_config(energy: Energy, config: SamplerConfig | None, overrides: dict[str, Any]) -> SamplerConfig:

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
 from composable_ebm.configs import MAX_TOTAL_STEPS, check_range, check_size
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.energy import Energy, Labels
 from composable_ebm.sampling.augment import AugmentConfig
+
+if TYPE_CHECKING:  # pragma: no cover; energies sit above the sampler
+    from composable_ebm.energy import Energy, Labels
 
 Precision = Literal["float32", "bfloat16"]
 

@@ -1,0 +1,428 @@
+"""Save and load models as ``config.json`` + ``model.safetensors`` (strict, nothing pickled).
+
+``config.json`` holds the model type, its typed config and, for energies, the default
+sampler settings, so ``load(...).sample(n)`` uses the settings the model was trained for.
+
+A network class becomes savable by registering its type name (`register`) and mixing in
+`Pretrained` (``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``, the names of
+huggingface_hub's ``ModelHubMixin``). This module sits below the networks and names none of them:
+the package's own types are found through the ``composable_ebm.model_types`` entry points
+(pyproject.toml), so a model loads whichever modules were imported before, and another package can
+add types the same way.
+
+Saving replaces a model folder whole or not at all: the new folder is written beside the old
+one (``.NAME.new-PID-*``) and swapped in by two renames; if a process dies between them, the next
+save or load puts the old folder back. Loading checks everything it can before allocating: the
+config's types and sizes (no layer wider than `composable_ebm.configs.MAX_WIDTH`), then the
+weights file's header against the network the config describes (built on the ``meta`` device,
+at most `MAX_PARAMETERS` elements), then that every weight is finite, then that the energy of two
+noise inputs is finite.
+
+A model is named by a folder, a bundled short name, or ``org/name[@revision]`` on the Hugging Face
+Hub, which `composable_ebm.hub` (the layer below) finds in the local cache or downloads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from composable_ebm._version import __version__
+from composable_ebm.atomic import fsync_file, pid_alive, shared_mode
+from composable_ebm.configs import MAX_CONFIG_BYTES, MAX_PARAMETERS, config_from_dict, config_to_dict
+from composable_ebm.energy import Energy
+from composable_ebm.errors import InvalidInputError, ModelFileError, ModelNotFoundError, NonFiniteError
+from composable_ebm.hub import (
+    CARD_NAME,
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    cached_models,
+    check_revision,
+    hub_snapshot,
+    is_repo_id,
+    looks_local,
+    split_revision,
+    upload_folder,
+)
+from composable_ebm.model_cards import model_card
+from composable_ebm.sampling import SamplerConfig
+
+__all__ = [
+    "BUNDLED_DIR", "CARD_NAME", "CONFIG_KEYS", "CONFIG_NAME", "MAX_PARAMETERS", "WEIGHTS_NAME", "Pretrained",
+    "bundled_models", "list_models", "load_model", "model_class", "push_folder", "push_to_hub", "read_config",
+    "recover_folder", "register", "resolve_source", "save_model", "typed_configs", "weights_header",
+]
+
+CONFIG_KEYS = ("model_type", "config", "composable_ebm_version", "sampler", "extra")
+"""The keys a ``config.json`` may hold; any other is an error."""
+ENTRY_POINT_GROUP = "composable_ebm.model_types"
+"""The entry-point group naming the savable classes: ``model_type = "module:Class"``."""
+BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+
+_REGISTRY: dict[str, type] = {}
+M = TypeVar("M", bound=type)
+
+
+def register(model_type: str) -> Callable[[M], M]:
+    """Class decorator: ``@register("resnet_energy")`` saves the class under that ``model_type``.
+
+    The class takes one typed config (its ``config_class``, stored as ``self.config``); one name per class.
+    """
+
+    def add(cls: M) -> M:
+        if not isinstance(getattr(cls, "config_class", None), type):
+            raise TypeError(f"{cls.__name__} needs a config_class (the config dataclass its constructor takes)")
+        known = _REGISTRY.get(model_type)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise ValueError(f"model_type {model_type!r} is taken by {known.__name__}")
+        _REGISTRY[model_type] = cls
+        cls.model_type = model_type
+        return cls
+
+    return add
+
+
+def model_class(model_type: str, where: str = "") -> type:
+    """The class registered as ``model_type``, importing the module its entry point names if need be."""
+    if model_type not in _REGISTRY:
+        points = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+        if model_type in points:
+            points[model_type].load()  # the module registers its classes as it is imported
+        if model_type not in _REGISTRY:
+            known = sorted(set(_REGISTRY) | set(points))
+            raise ModelFileError(f"{where}unknown model_type {model_type!r}; known types: {known}")
+    return _REGISTRY[model_type]
+
+
+def _model_type(model: nn.Module) -> str:
+    name = getattr(type(model), "model_type", None)
+    if name is None or _REGISTRY.get(name) is not type(model):
+        raise TypeError(f"cannot save a {type(model).__name__}; savable types: {sorted(c.__name__ for c in _REGISTRY.values())}")
+    return name
+
+
+def save_model(model: nn.Module, folder: str | Path, card: str | None = None, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``config.json``, ``model.safetensors`` (and ``README.md`` if a model card is given).
+
+    The folder is replaced whole: other files in it are carried over, and a failure at any
+    point leaves the previous folder as it was. A symbolic link is followed: the folder it points
+    to is replaced and the link keeps pointing to it.
+    """
+    folder = Path(folder)
+    if folder.is_symlink():
+        folder = folder.resolve()
+    payload: dict[str, Any] = {
+        "model_type": _model_type(model),
+        "config": config_to_dict(model.config),
+        "composable_ebm_version": __version__,
+    }
+    if isinstance(model, Energy):
+        sampler = model.sampler_config
+        payload["sampler"] = config_to_dict(sampler) if sampler is not None else None
+    if extra:
+        payload["extra"] = extra
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    recover_folder(folder)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.new-{os.getpid()}-"))
+    try:
+        os.chmod(staging, shared_mode(directory=True))
+        save_file(state, staging / WEIGHTS_NAME, metadata={"format": "pt"})
+        (staging / CONFIG_NAME).write_text(json.dumps(payload, indent=2) + "\n")
+        if card is not None:
+            (staging / CARD_NAME).write_text(card)
+        ours = {WEIGHTS_NAME, CONFIG_NAME} | ({CARD_NAME} if card is not None else set())
+        if folder.is_dir():
+            for item in folder.iterdir():
+                if item.name not in ours:
+                    copy = shutil.copytree if item.is_dir() and not item.is_symlink() else shutil.copy2
+                    copy(item, staging / item.name)
+        for name in ours:  # safetensors writes 0600; a model folder is for sharing
+            os.chmod(staging / name, shared_mode())
+            fsync_file(staging / name)
+        _swap_in(staging, folder)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return folder
+
+
+def _swap_in(staging: Path, folder: Path) -> None:
+    if not folder.exists():
+        os.rename(staging, folder)
+        return
+    if not folder.is_dir():
+        raise InvalidInputError(f"{folder} exists and is not a folder; a model is saved as a folder")
+    old = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old-{os.getpid()}-"))
+    os.rmdir(old)
+    os.rename(folder, old)
+    try:
+        os.rename(staging, folder)  # a kill before this line is undone by recover_folder
+    except BaseException:
+        os.rename(old, folder)
+        raise
+    shutil.rmtree(old)
+
+
+def recover_folder(folder: str | Path) -> None:
+    """Undo a save that died between its two renames (the old folder is put back), and remove
+    the staging folders of saves whose process is gone."""
+    folder = Path(folder)
+    if not folder.parent.is_dir():
+        return
+    pattern = re.compile(rf"^\.{re.escape(folder.name)}\.(new|old)-(\d+)-")
+    leftovers = []
+    for item in folder.parent.iterdir():
+        m = pattern.match(item.name)
+        if m and item.is_dir() and not pid_alive(int(m.group(2))):
+            leftovers.append((m.group(1), item))
+    olds = sorted((p for kind, p in leftovers if kind == "old"), key=lambda p: p.stat().st_mtime)
+    if not folder.exists() and olds:
+        os.rename(olds.pop(), folder)
+    for _, item in leftovers:
+        if item.exists():
+            shutil.rmtree(item)
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """The checked contents of ``folder/config.json``: a JSON object with only `CONFIG_KEYS` and a known
+    ``model_type``."""
+    path = Path(folder) / CONFIG_NAME
+    if not path.is_file():
+        raise ModelNotFoundError(f"{folder} has no {CONFIG_NAME}; a model folder holds {CONFIG_NAME} and {WEIGHTS_NAME}")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ModelFileError(f"{path}: {path.stat().st_size} bytes; a {CONFIG_NAME} is at most {MAX_CONFIG_BYTES}")
+    try:
+        payload = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ModelFileError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(payload, dict):
+        raise ModelFileError(f"{path}: must hold a JSON object, got {type(payload).__name__}")
+    unknown = sorted(set(payload) - set(CONFIG_KEYS))
+    if unknown:
+        raise ModelFileError(f"{path}: unknown key(s) {unknown}; valid keys: {list(CONFIG_KEYS)}")
+    for key in ("model_type", "config"):
+        if key not in payload:
+            raise ModelFileError(f"{path}: missing {key!r}; a {CONFIG_NAME} holds {list(CONFIG_KEYS)}")
+    if not isinstance(payload["model_type"], str):
+        raise ModelFileError(f"{path}: model_type must be a string, got {type(payload['model_type']).__name__}")
+    model_class(payload["model_type"], where=f"{path}: ")
+    return payload
+
+
+def typed_configs(folder: Path, payload: dict[str, Any]) -> tuple[Any, SamplerConfig | None]:
+    """The network config and sampler settings of a ``config.json`` payload, type- and range-checked."""
+    config_cls = model_class(payload["model_type"]).config_class
+    try:
+        config = config_from_dict(config_cls, payload["config"])
+        sampler = config_from_dict(SamplerConfig, payload["sampler"]) if payload.get("sampler") is not None else None
+    except InvalidInputError as err:
+        raise ModelFileError(f"{folder / CONFIG_NAME}: {err}") from err
+    return config, sampler
+
+
+def weights_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Name -> (shape, dtype) of every tensor in a safetensors file, read from its header only."""
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path.parent} has no {WEIGHTS_NAME}")
+    try:
+        with safe_open(str(path), "pt") as f:
+            slices = {k: f.get_slice(k) for k in f.keys()}
+            return {k: (tuple(s.get_shape()), s.get_dtype()) for k, s in slices.items()}
+    except (SafetensorError, OSError) as err:
+        raise ModelFileError(f"{path}: not a readable safetensors file ({err})") from err
+
+
+def _check_weights(path: Path, skeleton: nn.Module) -> None:
+    """Compare the file's header with the state of ``skeleton`` (a meta-device model)."""
+    header = weights_header(path)
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    missing = sorted(set(expected) - set(header))
+    extra = sorted(set(header) - set(expected))
+    shapes = sorted(k for k in set(expected) & set(header) if header[k][0] != expected[k])
+    dtypes = sorted(k for k, (_, dtype) in header.items() if k in expected and dtype not in _FLOAT_DTYPES)
+    problems = []
+    for what, names in (("missing", missing), ("unexpected", extra), ("mis-shaped", shapes),
+                        ("not floating-point", dtypes)):
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            problems.append(f"{what}: {shown}")
+    if problems:
+        raise ModelFileError(f"{path}: weights do not match {CONFIG_NAME} ({'; '.join(problems)})")
+
+
+def load_model(source: str | Path, device: torch.device | str = "cpu", revision: str | None = None,
+               refresh: bool = False, *, force_download: bool = False, local_files_only: bool = False,
+               token: str | bool | None = None, cache_dir: str | Path | None = None) -> nn.Module:
+    """Load a saved model from a folder, a bundled short name, or the Hugging Face Hub as ``"org/name"``.
+
+    Everything is checked before the network is built (see the module docstring); weights are
+    matched strictly. Errors are `CebmError` with one line that names the file.
+
+    The Hub options mean what they mean in huggingface_hub: ``force_download`` asks the Hub for the
+    newest revision and downloads again even when the model is cached (``refresh`` is the same),
+    ``local_files_only`` never uses the network, ``token`` authenticates (default: ``HF_TOKEN`` or the
+    saved login), ``cache_dir`` replaces the Hub cache folder.
+    """
+    folder = resolve_source(source, revision, refresh or force_download, local_files_only=local_files_only,
+                            token=token, cache_dir=cache_dir)
+    payload = read_config(folder)
+    model_cls = model_class(payload["model_type"])
+    config, sampler = typed_configs(folder, payload)
+    try:
+        with torch.device("meta"):
+            skeleton = model_cls(config)
+    except ValueError as err:  # a config that cannot describe a network (e.g. too few down-samplings)
+        raise ModelFileError(f"{folder / CONFIG_NAME}: {err}") from err
+    count = sum(t.numel() for t in skeleton.state_dict().values())
+    if count > MAX_PARAMETERS:
+        raise ModelFileError(f"{folder / CONFIG_NAME}: describes {count:,} weights; at most {MAX_PARAMETERS:,} are loaded")
+    weights = folder / WEIGHTS_NAME
+    _check_weights(weights, skeleton)
+    try:
+        state = load_file(weights)
+    except (SafetensorError, OSError) as err:
+        raise ModelFileError(f"{weights}: not a readable safetensors file ({err})") from err
+    bad = sorted(k for k, v in state.items() if not torch.isfinite(v).all())
+    if bad:
+        raise NonFiniteError(f"{weights}: non-finite weights in {', '.join(bad[:3])}" + (" ..." if len(bad) > 3 else ""))
+    model = model_cls(config)
+    model.load_state_dict(state, strict=True)
+    model = model.to(device).eval()
+    if isinstance(model, Energy):
+        if sampler is not None:
+            model.sampler_config = sampler
+        _probe(model, weights)
+    return model
+
+
+def _probe(model: Energy, weights: Path) -> None:
+    """Evaluate the energy on two noise inputs: finite weights can still overflow (e.g. 1e38)."""
+    lo, hi = model.value_range if model.value_range is not None else (-1.0, 1.0)
+    x = lo + (hi - lo) * torch.rand(2, *model.input_shape, generator=torch.Generator().manual_seed(0))
+    labels = {a: torch.zeros(2, dtype=torch.long) for a in model.attributes}
+    with torch.no_grad():
+        energies = model(x.to(model.device), labels or None)
+    if not bool(torch.isfinite(energies).all()):
+        raise NonFiniteError(f"{weights}: the weights are finite but give non-finite energies on noise inputs")
+
+
+def bundled_models() -> list[str]:
+    """Short names of the models shipped inside the package (``load("shapes-color")``)."""
+    if not BUNDLED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in BUNDLED_DIR.iterdir() if (p / CONFIG_NAME).is_file())
+
+
+def list_models() -> list[dict[str, Any]]:
+    """The models `load_model` finds without a download: the bundled short names, then the
+    composable_ebm models in the local Hub cache (``org/name``, or ``org/name@rev`` for a revision other
+    than main), each ``{"name", "source", "type", "attributes"}``. A cached model whose ``config.json``
+    cannot be read is listed with an ``"error"`` instead of being left out."""
+    rows = [{"name": name, "source": "bundled", **_summary(BUNDLED_DIR / name)} for name in bundled_models()]
+    rows += [{"name": name, "source": f"hub cache ({snapshot})", **_summary(snapshot)} for name, snapshot in cached_models()]
+    return rows
+
+
+def _summary(folder: Path) -> dict[str, Any]:
+    try:
+        payload = read_config(folder)
+    except (ModelFileError, ModelNotFoundError) as err:
+        return {"type": None, "attributes": {}, "error": str(err)}
+    attributes = payload["config"].get("attributes", {}) if isinstance(payload.get("config"), dict) else {}
+    return {"type": payload["model_type"], "attributes": {a: list(v) for a, v in attributes.items()}}
+
+
+def resolve_source(source: str | Path, revision: str | None = None, refresh: bool = False, *,
+                   local_files_only: bool = False, token: str | bool | None = None,
+                   cache_dir: str | Path | None = None) -> Path:
+    """The folder of a model: a local folder as is; a bundled model's short name; ``"org/name"`` from
+    the local Hub cache, or downloaded when not cached (or when ``refresh``; see `load_model`)."""
+    text = str(source)
+    if not isinstance(source, Path):
+        text, revision = split_revision(text, revision)
+    if isinstance(source, Path) or looks_local(text):
+        path = Path(text).expanduser()
+        recover_folder(path)  # a save that died between its renames leaves the old folder beside
+        if not path.is_dir():
+            raise ModelNotFoundError(f"no model folder at {path}")
+        return path
+    if text in bundled_models():
+        return BUNDLED_DIR / text
+    if is_repo_id(text):
+        return hub_snapshot(text, revision, refresh, local_files_only, token, cache_dir)
+    raise ModelNotFoundError(
+        f"'{text}' is neither a model folder, a bundled model ({', '.join(bundled_models()) or 'none installed'})"
+        " nor a Hub repository id ('org/name')"
+    )
+
+
+def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, private: bool = False,
+                token: str | None = None, commit_message: str | None = None) -> str:
+    """Publish a saved model folder, checked by loading it first (never publish what would not load);
+    returns the commit's URL. See `composable_ebm.hub.upload_folder`."""
+    if not is_repo_id(repo_id):
+        raise InvalidInputError(f"'{repo_id}' is not a Hub repository id; write org/name")
+    if revision is not None:
+        check_revision(revision)
+    load_model(Path(folder))
+    return upload_folder(folder, repo_id, revision, private, token, commit_message)
+
+
+def push_to_hub(model: nn.Module, repo_id: str, revision: str | None = None, private: bool = False,
+                token: str | None = None, commit_message: str | None = None, card: str | None = None) -> str:
+    """Publish a model to the Hugging Face Hub as ``config.json``, ``model.safetensors`` and its card.
+
+    Creates the repository (and the branch ``revision``) if needed; the token comes from the usual
+    places (``HF_TOKEN``, ``hf auth login``) unless given. Returns the commit's URL.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        at = f"{repo_id}@{revision}" if revision and revision != "main" else repo_id
+        card = card if card is not None else model_card(model, repo_id=at)
+        folder = save_model(model, Path(tmp) / "model", card=card)
+        return push_folder(folder, repo_id, revision, private, token, commit_message)
+
+
+P = TypeVar("P", bound="Pretrained")
+
+
+class Pretrained:
+    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for a registered class (`register`)."""
+
+    def save_pretrained(self, folder: str | Path, card: str | None = None) -> Path:
+        """Save as ``config.json`` + ``model.safetensors`` with a model card (default: a generated one)."""
+        return save_model(self, folder, card=card if card is not None else model_card(self, location=str(folder)))
+
+    def push_to_hub(self, repo_id: str, revision: str | None = None, private: bool = False,
+                    token: str | None = None, commit_message: str | None = None) -> str:
+        """Publish to the Hugging Face Hub (see `push_to_hub`); returns the commit URL."""
+        return push_to_hub(self, repo_id, revision=revision, private=private, token=token,
+                           commit_message=commit_message)
+
+    @classmethod
+    def from_pretrained(cls: type[P], name_or_path: str | Path, revision: str | None = None,
+                        device: torch.device | str = "cpu", *, token: str | bool | None = None,
+                        cache_dir: str | Path | None = None, force_download: bool = False,
+                        local_files_only: bool = False) -> P:
+        """Load a saved model of this class: a folder, a bundled name or ``org/name[@revision]``.
+
+        ``token``, ``cache_dir``, ``force_download`` and ``local_files_only`` mean what they mean in
+        huggingface_hub's ``from_pretrained`` (see `load_model`)."""
+        model = load_model(name_or_path, device=device, revision=revision, token=token, cache_dir=cache_dir,
+                           force_download=force_download, local_files_only=local_files_only)
+        if not isinstance(model, cls):
+            raise TypeError(f"{name_or_path} holds a {type(model).__name__}, not a {cls.__name__}")
+        return model

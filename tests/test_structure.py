@@ -1,0 +1,140 @@
+"""The package's layering: imports go one way, and saving knows no network class."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from composable_ebm import AttributeClassifier, ClassifierConfig, GaussianEnergy, MLPConfig, MLPEnergy
+from composable_ebm.errors import ModelFileError
+from composable_ebm.persistence import Pretrained, load_model, register
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "composable_ebm"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports anywhere (in functions too), leaving out imports under
+    ``if TYPE_CHECKING:``, which never run."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for stmt in node.body for n in ast.walk(stmt)}
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycle = path[path.index(target):] + [target] if target in path else [module, target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target, path + [target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+@pytest.mark.parametrize("lower, higher", [
+    ("composable_ebm.energy", "composable_ebm.persistence"),
+    ("composable_ebm.energy", "composable_ebm.hub"),
+    ("composable_ebm.sampling", "composable_ebm.energy"),
+    ("composable_ebm.hub", "composable_ebm.energy"),
+    ("composable_ebm.persistence", "composable_ebm.nets"),
+    ("composable_ebm.persistence", "composable_ebm.evaluation"),
+    ("composable_ebm.hub", "composable_ebm"),  # the version comes from composable_ebm._version
+])
+def test_a_lower_layer_never_imports_a_higher_one(lower, higher):
+    graph = import_graph()
+    reached, todo = set(), [m for m in graph if m == lower or m.startswith(lower + ".")]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += graph[module]
+    offending = sorted(m for m in reached if m == higher or (higher != "composable_ebm" and m.startswith(higher + ".")))
+    assert not offending, f"{lower} reaches {offending}"
+
+
+def test_a_model_loads_by_its_type_name_without_its_module_imported_first():
+    code = ("import sys; from composable_ebm.persistence import load_model; "
+            "assert 'composable_ebm.nets.resnet' not in sys.modules; "
+            "m = load_model('shapes-color'); print(type(m).__module__, type(m).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["composable_ebm.nets.resnet", "ResNetEnergy"]
+
+
+def test_only_registered_classes_save_and_the_classifier_is_one(tmp_path):
+    classifier = AttributeClassifier(ClassifierConfig(attributes={"color": ("red", "blue")}, width=8))
+    classifier.save_pretrained(tmp_path / "clf")
+    again = AttributeClassifier.from_pretrained(tmp_path / "clf")
+    x = torch.rand(2, 3, 16, 16)
+    assert torch.equal(classifier(x)["color"], again(x)["color"])
+    assert (tmp_path / "clf" / "README.md").is_file()
+    with pytest.raises(TypeError, match="holds a AttributeClassifier, not a MLPEnergy"):
+        MLPEnergy.from_pretrained(tmp_path / "clf")
+    model = MLPEnergy(MLPConfig(hidden=8, depth=1))
+    composite = model + 2 * model
+    assert not hasattr(composite, "save_pretrained") and not hasattr(GaussianEnergy(torch.zeros(2), torch.eye(2)), "save_pretrained")
+
+
+def test_register_needs_a_config_class_and_refuses_a_taken_name(tmp_path):
+    with pytest.raises(TypeError, match="needs a config_class"):
+        register("no_config")(type("NoConfig", (Pretrained, nn.Module), {}))
+    with pytest.raises(ValueError, match="model_type 'mlp_energy' is taken by MLPEnergy"):
+        register("mlp_energy")(type("Other", (Pretrained, nn.Module), {"config_class": MLPConfig}))
+
+    @dataclass(frozen=True)
+    class TinyConfig:
+        width: int = 3
+
+    @register("test_tiny")
+    class Tiny(Pretrained, nn.Module):
+        config_class = TinyConfig
+
+        def __init__(self, config: TinyConfig) -> None:
+            super().__init__()
+            self.config = config
+            self.weight = nn.Parameter(torch.arange(float(config.width)))
+
+    Tiny(TinyConfig(width=4)).save_pretrained(tmp_path / "tiny", card="a card")
+    loaded = load_model(tmp_path / "tiny")
+    assert type(loaded) is Tiny and torch.equal(loaded.weight, torch.arange(4.0))
+    config = (tmp_path / "tiny" / "config.json").read_text().replace("test_tiny", "test_unknown")
+    (tmp_path / "tiny" / "config.json").write_text(config)
+    with pytest.raises(ModelFileError, match=r"unknown model_type 'test_unknown'; known types: \[.*'mlp_energy'.*\]"):
+        load_model(tmp_path / "tiny")
