@@ -275,3 +275,23 @@ def test_a_recipe_records_only_its_own_attributes_as_preserved_by_its_augmentati
     recipe.write_text(f'base = "{base}"\n[sampling]\naugment_preserves = ["position"]\n')
     with pytest.raises(InvalidInputError, match=r"augment_preserves names \['position'\].*valid choices: \['shape'\]"):
         load_recipe(recipe)
+
+
+def test_the_differentiable_last_step_ends_a_chain_where_the_whole_chain_ends():
+    """A chain of T steps, and T - 1 steps then `differentiable_last_step` (the trainer's way), reach the
+    same positions from the same generator; without an observer the last position is left unevaluated."""
+    from composable_ebm.sampling import differentiable_last_step, run_chain
+
+    energy = GaussianEnergy(MEAN, COV)
+    config = SamplerConfig(step_size=0.1, noise=0.2, steps=5)
+    x0 = torch.zeros(8, 2)
+    seen = []
+    whole = run_chain(energy, x0, config, torch.Generator().manual_seed(3), on_step=lambda *a: seen.append(a[0]))
+    assert seen == [1, 2, 3, 4, 5] and whole.state is not None
+    unobserved = run_chain(energy, x0, config, torch.Generator().manual_seed(3))
+    assert unobserved.state is None and torch.equal(unobserved.x, whole.x)
+    gen = torch.Generator().manual_seed(3)
+    head = run_chain(energy, x0, config, gen, num_steps=4)
+    x_hat, start = differentiable_last_step(energy, head.x, config, gen, create_graph=False)
+    assert torch.equal(x_hat, whole.x) and torch.equal(start.x, head.x)
+    assert not torch.equal(x_hat, head.x)  # it moved

@@ -23,10 +23,9 @@ from composable_ebm.sampling.transitions import (
     ChainState,
     SamplerConfig,
     StepInfo,
-    clamp_bounds,
     evaluate,
+    langevin_move,
     langevin_step,
-    langevin_update,
     mala_step,
 )
 
@@ -235,7 +234,6 @@ def run_chain(
     labels: Labels | None = None,
     *,
     num_steps: int | None = None,
-    evaluate_final: bool = True,
     on_step: Callable[[int, ChainState, StepInfo], None] | None = None,
 ) -> ChainEnd:
     """The chain of Algorithm 2 from ``x``: ``rounds`` x [augmentation transition, ``steps`` steps], then
@@ -243,9 +241,10 @@ def run_chain(
 
     Args:
         num_steps: stop after this many steps (default: the whole schedule, ``config.total_steps``).
-        evaluate_final: ``False`` leaves the position after the last Langevin step unevaluated (the
-            trainer evaluates it itself, with a graph, so that every step is computed once).
-        on_step: ``on_step(step, state, info)`` after every evaluated step (step counts from 1).
+        on_step: ``on_step(step, state, info)`` after every step (step counts from 1). Without it, the
+            position after a last Langevin step is returned unevaluated (``ChainEnd.state`` is ``None``):
+            no energy is computed that nobody reads. The trainer goes on from there with
+            `composable_ebm.sampling.differentiable_last_step`.
     """
     total = config.total_steps if num_steps is None else num_steps
     if not 0 <= total <= config.total_steps:
@@ -264,10 +263,10 @@ def run_chain(
             if state is None:
                 state = evaluate(energy, x, labels, config.precision)
             done += 1
-            if done == total and not evaluate_final and config.method == "langevin":
-                noise = torch.randn(state.x.shape, generator=generator, device=state.x.device, dtype=state.x.dtype)
-                return ChainEnd(langevin_update(state.x, state.grad, config, noise, clamp_bounds(energy, config)),
-                                None, done)
+            if done == total and on_step is None and config.method == "langevin":
+                # nobody reads the last position's energy: leave it unevaluated (a caller that goes on from
+                # here, as the trainer's `differentiable_last_step`, evaluates it once, with what it needs)
+                return ChainEnd(langevin_move(energy, state, config, generator), None, done)
             state, info = step_fn(energy, state, config, generator, labels)
             if on_step is not None:
                 on_step(done, state, info)

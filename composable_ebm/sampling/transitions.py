@@ -143,6 +143,32 @@ def langevin_update(
     return x.clamp(*bounds) if bounds is not None else x
 
 
+def langevin_move(energy: Energy, state: ChainState, config: SamplerConfig, generator: torch.Generator) -> Tensor:
+    """One Langevin move from an evaluated state: draw the noise, update, clamp. The new position is left
+    unevaluated; it carries a graph to the parameters when ``state.grad`` does."""
+    noise = torch.randn(state.x.shape, generator=generator, device=state.x.device, dtype=state.x.dtype)
+    return langevin_update(state.x, state.grad, config, noise, clamp_bounds(energy, config))
+
+
+def differentiable_last_step(
+    energy: Energy,
+    x: Tensor,
+    config: SamplerConfig,
+    generator: torch.Generator,
+    labels: Labels | None = None,
+    create_graph: bool = True,
+) -> tuple[Tensor, ChainState]:
+    """The last Langevin step of a chain with a graph to the parameters: ``E`` and ``dE/dx`` at ``x`` (with
+    ``create_graph``), then `langevin_move`. Returns ``(x_hat, state at x)``.
+
+    The trainer's objective runs it inside its forward (Algorithm 1's ``x^``, which the KL loss
+    differentiates through); ``x_hat.detach()`` is the chain's last sample, the same position a chain
+    of `run_chain` reaches with the same generator.
+    """
+    start = evaluate(energy, x, labels, config.precision, create_graph=create_graph)
+    return langevin_move(energy, start, config, generator), start
+
+
 def langevin_step(
     energy: Energy,
     state: ChainState,
@@ -150,10 +176,8 @@ def langevin_step(
     generator: torch.Generator,
     labels: Labels | None = None,
 ) -> tuple[ChainState, StepInfo]:
-    """``x <- clamp(x - step_size * dE/dx + noise * N(0, 1))`` (Algorithm 2's inner step)."""
-    noise = torch.randn(state.x.shape, generator=generator, device=state.x.device, dtype=state.x.dtype)
-    x = langevin_update(state.x, state.grad, config, noise, clamp_bounds(energy, config))
-    new = evaluate(energy, x, labels, config.precision)
+    """``x <- clamp(x - step_size * dE/dx + noise * N(0, 1))`` (Algorithm 2's inner step), evaluated at the new ``x``."""
+    new = evaluate(energy, langevin_move(energy, state, config, generator), labels, config.precision)
     info = StepInfo(new.energy.mean(), chain_grad_norm(state.grad), None)
     return new, info
 

@@ -37,10 +37,8 @@ from composable_ebm.sampling import (
     SamplerConfig,
     augment,
     chain_grad_norm,
-    clamp_bounds,
-    evaluate,
+    differentiable_last_step,
     initial_noise,
-    langevin_update,
     run_chain,
 )
 from composable_ebm.training.buffer import ReplayBuffer
@@ -227,7 +225,7 @@ class ImprovedCDObjective(nn.Module):
         pos_labels: Labels | None,
         x_prev: Tensor,
         neg_labels: Labels | None,
-        step_noise: Tensor,
+        generator: torch.Generator,
         bank: Tensor | None,
         other_labels: Labels | None = None,
     ) -> ObjectiveOutput:
@@ -236,9 +234,8 @@ class ImprovedCDObjective(nn.Module):
         use_ent = cfg.kl_ent and bank is not None
         differentiable = cfg.kl_opt or use_ent
         use_label = cfg.label_weight > 0 and bool(other_labels)
-        prev = evaluate(self.energy, x_prev, neg_labels, s.precision, create_graph=differentiable)
-        # the last Langevin step, differentiable in the parameters through prev.grad
-        x_hat = langevin_update(x_prev, prev.grad, s, step_noise, clamp_bounds(self.energy, s))
+        # the chain's last Langevin step, differentiable in the parameters through dE/dx when a KL term is on
+        x_hat, prev = differentiable_last_step(self.energy, x_prev, s, generator, neg_labels, create_graph=differentiable)
         x_neg = x_hat.detach()
         e_pos = self.energy(x_pos, pos_labels)
         e_neg = self.energy(x_neg, neg_labels)
@@ -409,13 +406,12 @@ class Trainer:
             x = augment(x, cfg.chain_augment, self.generator)
         labels = neg_labels or None
         # every step but the last through the sampler's chain code; the last runs in the objective, once
-        x = run_chain(model, x, s, self.generator, labels, num_steps=s.total_steps - 1, evaluate_final=False).x
-        step_noise = torch.randn(x.shape, generator=self.generator, device=self.device)
+        x = run_chain(model, x, s, self.generator, labels, num_steps=s.total_steps - 1).x
         bank = None
         if cfg.kl_ent and len(self.buffer) >= max(cfg.ent_min_buffer, 1):
             bank, _ = self.buffer.sample(cfg.ent_bank, self.generator)
         others = other_values(pos_labels, model.attributes, self.generator) if cfg.label_weight and pos_labels else None
-        out: ObjectiveOutput = self.objective(x_pos, pos_labels or None, x, labels, step_noise, bank, others)
+        out: ObjectiveOutput = self.objective(x_pos, pos_labels or None, x, labels, self.generator, bank, others)
         loss = out.loss
         stats = {
             "loss": float(loss.detach()),
