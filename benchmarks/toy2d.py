@@ -1,7 +1,7 @@
 """2-D toy benchmark: MLP energies trained with the Trainer, with and without the KL loss.
 
-For each density, trains the same MLP energy twice (identical settings and seed, KL loss on
-/ off) and reports the exact KL(data || model) on a 200x200 grid over [-4, 4]^2, with the
+For each density, trains the toy recipe (recipes/toy-8gaussians.toml, its density replaced) twice
+(identical settings and seed, KL loss on / off) and reports the exact KL(data || model) on a 200x200 grid over [-4, 4]^2, with the
 model normalised numerically on that grid, plus the final energy difference
 E(x+) - E(x-) and its largest magnitude over training. Writes the table and the
 energy-difference traces to docs/benchmarks.md.
@@ -12,6 +12,7 @@ energy-difference traces to docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -20,40 +21,27 @@ from pathlib import Path
 import torch
 
 from benchmarks._report import machine, write_section
-from composable_ebm import MLPConfig, MLPEnergy
-from composable_ebm.data.toy2d import BOX, TOY_DENSITIES, grid, kl_on_grid, sample_toy, toy_log_density
-from composable_ebm.sampling import SamplerConfig
-from composable_ebm.training import Trainer, TrainerConfig
+from composable_ebm.data.toy2d import TOY_DENSITIES, grid, kl_on_grid, toy_log_density
+from composable_ebm.recipes import build_dataset, build_model, load_recipe
+from composable_ebm.training import Trainer
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "toy-8gaussians.toml"
 
 
 def train(name: str, kl: bool, steps: int, seed: int) -> tuple[float, list[dict], float]:
-    gen = torch.Generator().manual_seed(seed)
-    data = sample_toy(name, 20000, gen)
-    torch.manual_seed(seed)
-    model = MLPEnergy(MLPConfig(name=f"toy-{name}", hidden=128, depth=3, value_range=(-BOX, BOX)))
-    config = TrainerConfig(
-        steps=steps,
-        batch_size=256,
-        lr=1e-3,
-        betas=(0.0, 0.9),
-        grad_clip=None,
-        ema_decay=0.99,
-        sampler=SamplerConfig(step_size=0.005, noise=None, steps=40),  # exact Langevin: noise sqrt(2 * step)
-        chain_augment=None,
-        buffer_size=10000,
-        reinit_prob=0.05,
-        cd_l2=0.1,
-        kl_opt=kl,
-        kl_ent=kl,
-        ent_weight=0.3,
-        ent_bank=100,
-        ent_min_buffer=1000,
-        log_every=25,
-        checkpoint_every=10**9,
-        seed=seed,
+    """The toy recipe (recipes/toy-8gaussians.toml) on density ``name``, with the KL loss on or off."""
+    spec = load_recipe(RECIPE)
+    spec = dataclasses.replace(
+        spec,
+        model={**spec.model, "name": f"toy-{name}"},
+        data=dataclasses.replace(spec.data, density=name, seed=seed),
+        trainer=dataclasses.replace(spec.trainer, steps=steps, seed=seed, kl_opt=kl, kl_ent=kl, log_every=25,
+                                    checkpoint_every=10**9),
     )
+    data = build_dataset(spec.data)
+    model = build_model(spec, data)
     with tempfile.TemporaryDirectory() as out:
-        trainer = Trainer(model, data, config, out_dir=out)
+        trainer = Trainer(model, data, spec.trainer, out_dir=out)
         t = time.perf_counter()
         trainer.fit()
         seconds = time.perf_counter() - t
@@ -89,8 +77,9 @@ def main() -> None:
         "## 2-D toy densities: exact KL(data || model), with and without the KL loss",
         "",
         f"`python benchmarks/toy2d.py --steps {args.steps} --seed {args.seed}` on {machine()}.",
-        "MLP energy (3 x 128, Swish), batch 256, 40 Langevin steps (step 0.005, noise sqrt(0.01)), replay buffer",
-        "10000 with 5% fresh starts, L2 energy regulariser 0.1, EMA 0.99 (evaluated). KL on a 200x200 grid over",
+        "The toy recipe (recipes/toy-8gaussians.toml) with its density replaced: MLP energy (3 x 128, Swish), batch 256,",
+        "40 Langevin steps (step 0.005, noise sqrt(0.01)), replay buffer 10000 with 5% fresh starts, L2 energy regulariser",
+        "0.1, gradient clipping at 0.5, EMA 0.99 (evaluated). KL on a 200x200 grid over",
         "[-4, 4]^2 with both densities normalised on the grid; 'uniform' is the KL of a flat model, for scale.",
         "One seed per cell: read small differences with care.",
         "",
