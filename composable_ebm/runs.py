@@ -12,11 +12,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from composable_ebm.errors import InvalidInputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from composable_ebm.training import StepRecord
 
 RUN_FILES = ("checkpoint.pt", "log.jsonl", "model", "health.png", "tensorboard")
 """What a run writes into its folder: a new run there must not mix with these."""
@@ -100,9 +103,9 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         total = steps if steps is not None else spec.trainer.steps
         bar = tqdm(total=total, initial=trainer.step, disable=not progress or trainer.rank != 0, desc="training")
 
-        def tick(step: int, stats: dict) -> None:
+        def tick(step: int, record: StepRecord) -> None:
             bar.update(step - bar.n)
-            bar.set_postfix(e_diff=f"{stats['e_diff']:+.3f}", refresh=False)
+            bar.set_postfix(e_diff=f"{record.e_diff:+.3f}", refresh=False)
 
         start = time.perf_counter()
         try:

@@ -104,10 +104,11 @@ def test_label_loss_contrasts_each_positive_with_itself_under_another_value():
 def test_label_weight_adds_the_label_term_to_the_loss_only_when_asked():
     torch.manual_seed(0)
     model = MLPEnergy(MLPConfig(hidden=16, depth=2, value_range=(-4.0, 4.0), attributes={"side": ("l", "r")}))
-    stats = Trainer(model, Blobs(200, 0), _blob_config(label_weight=2.0)).train_step()
-    assert stats["loss_label"] != 0.0
-    assert stats["loss"] == pytest.approx(stats["loss_cd"] + stats["loss_opt"] + stats["loss_ent"] + stats["loss_label"], rel=1e-5)
-    assert Trainer(model, Blobs(200, 0), _blob_config()).train_step()["loss_label"] == 0.0
+    record = Trainer(model, Blobs(200, 0), _blob_config(label_weight=2.0)).train_step()
+    assert record.loss_label is not None and record.loss_label != 0.0
+    terms = [t for t in (record.loss_cd, record.loss_opt, record.loss_ent, record.loss_label) if t is not None]
+    assert record.loss == pytest.approx(sum(terms), rel=1e-5)
+    assert Trainer(model, Blobs(200, 0), _blob_config()).train_step().loss_label is None
     with pytest.raises(ValueError, match="label_weight must be >= 0"):
         TrainerConfig(label_weight=-1.0)
 

@@ -16,6 +16,7 @@ from composable_ebm.training.losses import (
 from composable_ebm.training.trainer import (
     ImprovedCDObjective,
     ObjectiveOutput,
+    StepRecord,
     Trainer,
     TrainerConfig,
     TrainingData,
@@ -28,6 +29,7 @@ __all__ = [
     "ObjectiveOutput",
     "ReplayBuffer",
     "RunLog",
+    "StepRecord",
     "Trainer",
     "TrainerConfig",
     "TrainingData",

@@ -9,11 +9,15 @@ rank learns whether any rank faulted, so all take the same branch.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from composable_ebm.errors import RunFailure
+
+if TYPE_CHECKING:  # pragma: no cover
+    from composable_ebm.training.record import StepRecord
 
 
 class TrainingDiverged(RunFailure):
@@ -33,13 +37,13 @@ class Fault(Exception):
         self.reason = reason
 
 
-def fault_reason(stats: dict[str, float], max_energy_diff: float) -> str | None:
-    """Why these iteration statistics are a fault, or ``None``."""
+def fault_reason(record: StepRecord, max_energy_diff: float) -> str | None:
+    """Why an iteration's statistics are a fault, or ``None``."""
     for key in ("loss", "e_pos", "e_neg"):
-        if not math.isfinite(stats[key]):
-            return f"non-finite {key} ({stats[key]})"
-    if abs(stats["e_diff"]) > max_energy_diff:
-        return f"energy difference {stats['e_diff']:.4g} exceeds max_energy_diff {max_energy_diff:g}"
+        if not math.isfinite(getattr(record, key)):
+            return f"non-finite {key} ({getattr(record, key)})"
+    if abs(record.e_diff) > max_energy_diff:
+        return f"energy difference {record.e_diff:.4g} exceeds max_energy_diff {max_energy_diff:g}"
     return None
 
 

@@ -1,0 +1,163 @@
+"""The trainer's settings (`TrainerConfig`), what training data is, and how two settings differ (for resume)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from torch import Tensor
+
+from composable_ebm.configs import JSONConfig, check_range, check_size
+from composable_ebm.errors import InvalidInputError
+from composable_ebm.sampling import AugmentConfig, SamplerConfig
+
+# settings a resume may change without being asked: how long to train and how often to log or save
+RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every"})
+
+
+@dataclass(frozen=True)
+class TrainerConfig(JSONConfig):
+    """Settings of Algorithm 1. Defaults follow the paper (32x32), or the authors' code where the paper is silent."""
+
+    steps: int = 10000
+    """training iterations"""
+    batch_size: int = 16
+    """Positives (and chains) per iteration and rank."""
+    lr: float = 2e-4
+    """Adam (authors' code)"""
+    betas: tuple[float, float] = (0.0, 0.9)
+    """Adam betas (authors' code)"""
+    grad_clip: float | None = 0.5
+    """max global gradient norm (authors' code); None: no clipping"""
+    ema_decay: float = 0.9999
+    """paper; the authors' code uses 0.99"""
+    ema_warmup: bool = True
+    """decay min(ema_decay, (1 + t) / (10 + t)) at step t, so the EMA is useful early"""
+    sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(step_size=500.0, noise=0.001, steps=40))
+    """The training chains: `steps` K (Langevin steps per iteration), step size and noise; Langevin only."""
+    chain_augment: AugmentConfig | None = field(default_factory=lambda: AugmentConfig(crop_scale=(0.02, 1.0)))
+    """Augmentation of chain starts drawn from the buffer; `false` in a recipe turns it off."""
+    data_augment: AugmentConfig | None = None
+    """augmentation of the positives (changes only what the model ignores)"""
+    negative_labels: Literal["positives", "buffer"] = "positives"
+    """the condition each chain runs under"""
+    label_weight: float = 0.0
+    """L_label: positives under another value as negatives (not in the paper; 0: off)"""
+    label_dropout: float = 0.0
+    """Probability that a positive (and the chain paired with it) runs under the null condition, every
+    attribute unbound: trains the model's unconditional energy, which guided composition needs
+    (Composable Diffusion, Liu et al. 2022, and Du et al. 2023 use 5-10%). 0: off."""
+    buffer_size: int = 10000
+    """Replay buffer capacity (samples)."""
+    buffer_policy: Literal["reservoir", "fifo"] = "reservoir"
+    """Which samples the full buffer keeps: a uniform `reservoir` sample of all, or the newest (`fifo`)."""
+    reinit_prob: float = 0.001
+    """chain starts from fresh noise (experiments: 0.1%; Algorithm 1: 1%)"""
+    data_start_prob: float = 0.0
+    """Probability that a chain starts from a training image drawn independently of its positive (so
+    usually of other attribute values) and runs under the positive's condition: the model learns to
+    edit its attribute into an image whose other attributes it keeps. Not in the paper; 0: off."""
+    cd_l2: float = 1.0
+    """alpha of the L2 energy regulariser (authors' code)"""
+    kl_opt: bool = True
+    """L_opt: energy of samples through the last Langevin step"""
+    opt_weight: float = 1.0
+    """Weight of L_opt."""
+    kl_ent: bool = True
+    """L_ent: nearest-neighbour entropy against past samples"""
+    ent_weight: float = 0.3
+    """authors' code"""
+    ent_bank: int = 100
+    """|X|, past samples for the nearest-neighbour distance (paper: 100)"""
+    ent_min_buffer: int = 100
+    """L_ent starts once the buffer holds this many samples"""
+    dequantize: bool = True
+    """x * 255/256 + U(0, 1/256) for data in [0, 1] (authors' code)"""
+    on_fault: Literal["rollback", "stop"] = "rollback"
+    """On a non-finite or exploding step: `rollback` to the last checkpoint with a new seed, or `stop`."""
+    max_energy_diff: float = 1e4
+    """|mean E(x+) - mean E(x-)| above this is a fault"""
+    max_rollbacks: int = 5
+    """Rollbacks allowed before the run stops."""
+    log_every: int = 10
+    """JSONL (and TensorBoard) record every this many steps, with gradient norms"""
+    checkpoint_every: int = 100
+    """Write the full training state every this many steps."""
+    seed: int = 0
+    """Seeds the network's initialisation, the data order, chains and augmentations."""
+
+    def __post_init__(self) -> None:
+        if self.sampler.total_steps < 1:
+            raise ValueError("training needs at least one Langevin step per iteration (sampler.steps >= 1)")
+        if self.sampler.method != "langevin":
+            raise ValueError(
+                f"training chains use method 'langevin' (the KL loss differentiates through a Langevin step),"
+                f" got {self.sampler.method!r}; MALA is for sampling"
+            )
+        if self.sampler.augment is not None:
+            raise InvalidInputError(
+                "TrainerConfig.sampler.augment is set, but a training chain takes one augmentation: chain_augment,"
+                " of its start ([trainer.chain_augment] in a recipe); move the setting there"
+                " ([sampling.augment] is the sampling chains')")
+        if self.negative_labels not in ("positives", "buffer"):
+            raise ValueError(f"unknown negative_labels {self.negative_labels!r}; valid choices: ['buffer', 'positives']")
+        if self.label_weight < 0:
+            raise ValueError(f"label_weight must be >= 0, got {self.label_weight}")
+        owner = "TrainerConfig"
+        check_range(owner, "ema_decay", self.ema_decay, 0.0, 1.0, high_open=True)
+        check_range(owner, "reinit_prob", self.reinit_prob, 0.0, 1.0)
+        check_range(owner, "data_start_prob", self.data_start_prob, 0.0, 1.0)
+        check_size(owner, "seed", self.seed, low=0, high=2**62)  # rollbacks and ranks add offsets to it
+        check_range(owner, "label_dropout", self.label_dropout, 0.0, 1.0, high_open=True)
+        check_range(owner, "lr", self.lr, 0.0, low_open=True)
+        for i, beta in enumerate(self.betas):
+            check_range(owner, f"betas[{i}]", beta, 0.0, 1.0, high_open=True)
+        if self.grad_clip is not None:
+            check_range(owner, "grad_clip", self.grad_clip, 0.0, low_open=True)
+        for name in ("cd_l2", "opt_weight", "ent_weight", "label_weight"):
+            check_range(owner, name, getattr(self, name), 0.0)
+        check_range(owner, "max_energy_diff", self.max_energy_diff, 0.0, low_open=True)
+        check_size(owner, "batch_size", self.batch_size, high=1 << 20)
+        check_size(owner, "buffer_size", self.buffer_size, low=0, high=1 << 24)
+        check_size(owner, "ent_bank", self.ent_bank, high=1 << 20)
+        check_size(owner, "ent_min_buffer", self.ent_min_buffer, low=0, high=1 << 24)
+        check_size(owner, "max_rollbacks", self.max_rollbacks, low=0, high=1000)
+        check_size(owner, "steps", self.steps, low=0, high=1 << 40)
+        check_size(owner, "log_every", self.log_every, high=1 << 40)
+        check_size(owner, "checkpoint_every", self.checkpoint_every, high=1 << 40)
+        if self.on_fault not in ("rollback", "stop"):
+            raise ValueError(f"unknown on_fault {self.on_fault!r}; valid choices: ['rollback', 'stop']")
+        if self.batch_size < 1 or self.steps < 0 or self.log_every < 1 or self.checkpoint_every < 1:
+            raise ValueError("batch_size, log_every and checkpoint_every must be >= 1 and steps >= 0")
+
+
+class TrainingData(Protocol):
+    """In-memory training data: ``images`` ``(N, *input_shape)`` (float in the value range, or
+    uint8 scaled by 1/255) and ``labels``: attribute -> value indices ``(N,)``."""
+
+    images: Tensor
+    labels: Mapping[str, Tensor]
+
+
+def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ between two nested settings dicts: ``key -> (old, new)``."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.update(config_differences(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out[f"{prefix}{key}"] = (a, b)
+    return out
+
+
+def with_defaults(saved: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``saved`` with every key it lacks taken from ``defaults`` (recursively into nested settings)."""
+    out = dict(saved)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(out[key], Mapping) and isinstance(value, Mapping):
+            out[key] = with_defaults(out[key], value)
+    return out
