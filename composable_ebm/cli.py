@@ -7,11 +7,12 @@ success, 1 on a failure at run time (a diverged run, a failed download), 2 on ba
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
-from pathlib import Path
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -30,8 +31,12 @@ class _Group(TyperGroup):
     def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except typer.BadParameter as err:  # an option out of its range or choices, checked by typer: one line too
+            where = f"; see {err.ctx.command_path} --help" if err.ctx is not None else ""
+            typer.secho(f"error: {err.format_message().rstrip('.')}{where}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from err
         except (typer.Exit, typer.Abort, typer.TyperException):
-            raise  # typer's own: help, usage errors, exits
+            raise  # typer's own: help, exits
         except Exception as err:
             if ctx.meta.get(DEBUG_KEY):
                 raise
@@ -130,32 +135,44 @@ def _parse_bindings(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _overrides(steps: int | None, rounds: int | None, step_size: float | None, precision: str | None,
-               method: str | None = None, noise: str | None = None) -> dict:
-    """Sampler settings given on the command line (checked by ``SamplerConfig``)."""
-    if noise is not None and noise != "exact":
-        try:
-            noise = float(noise)
-        except ValueError:
-            raise InvalidInputError(f"--noise must be a number or 'exact', got {noise!r}") from None
-    if steps is not None and steps < 1:
-        raise InvalidInputError(f"--steps must be >= 1 (with 0 the samples are the starting noise), got {steps}")
-    given = {"steps": steps, "rounds": rounds, "step_size": step_size, "precision": precision, "method": method,
-             "noise": noise}
-    return {k: v for k, v in given.items() if v is not None}
+SAMPLER_SETTINGS = ("steps", "rounds", "step_size", "precision", "method", "noise")
+"""The sampling commands' options that override the model's sampler settings (checked by ``SamplerConfig``)."""
 
 
-StepsOpt = Annotated[Optional[int], typer.Option(help="Langevin steps per round (default: the model's).")]
-RoundsOpt = Annotated[Optional[int], typer.Option(help="Augmentation rounds (Algorithm 2).")]
-StepSizeOpt = Annotated[Optional[float], typer.Option("--step-size", help="Langevin step size.")]
-PrecisionOpt = Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (autocast for the energy).")]
-MethodOpt = Annotated[Optional[str], typer.Option(help="langevin or mala (default: the model's).")]
-NoiseOpt = Annotated[Optional[str], typer.Option(help="Noise std per step, or 'exact' for sqrt(2 * step size).")]
+def _overrides(**given: Any) -> dict:
+    """The sampler settings given on the command line, the rest left to the model."""
+    return {k: v for k, v in given.items() if k in SAMPLER_SETTINGS and v is not None}
+
+
+def _noise(text: str | None) -> float | str | None:
+    """``--noise``: a number, or ``exact``."""
+    if text is None or text == "exact":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise typer.BadParameter(f"must be a number or 'exact', got {text!r}") from None
+
+
+# the choices are the library's own (SamplerConfig's fields, sampling.FORMS), written here so that `cebm --help`
+# does not import torch; tests/test_cli.py checks that they agree
+Method = Literal["langevin", "mala"]
+Precision = Literal["float32", "bfloat16"]
+Form = Literal["auto", "plain", "guided"]
+
+StepsOpt = Annotated[Optional[int], typer.Option(min=1, help="Langevin steps per round (default: the model's).")]
+RoundsOpt = Annotated[Optional[int], typer.Option(min=1, help="Augmentation rounds (Algorithm 2).")]
+StepSizeOpt = Annotated[Optional[float], typer.Option("--step-size", min=0.0, help="Langevin step size.")]
+PrecisionOpt = Annotated[Optional[Precision], typer.Option(help="Autocast for the energy (default: the model's).")]
+MethodOpt = Annotated[Optional[Method], typer.Option(help="Sampler (default: the model's).")]
+NoiseOpt = Annotated[Optional[str], typer.Option(parser=_noise, metavar="NUMBER|exact",
+                                                 help="Noise std per step, or 'exact' for sqrt(2 * step size).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
 ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
-FormOpt = Annotated[str, typer.Option(
+FormOpt = Annotated[Form, typer.Option(
     help="auto: a sum of conditioned models with unconditional energies is sampled in its guided form (better for the"
          " bundled models); plain: the expression as written; guided: guided(expression).")]
+CountOpt = Annotated[int, typer.Option("-n", min=1, help="Number of samples.")]
 RefreshOpt = Annotated[bool, typer.Option("--refresh", help="Ask the Hub for the newest revision of org/name models and "
                                           "download them again, even when cached.")]
 ScaleOpt = Annotated[Optional[int], typer.Option(
@@ -190,57 +207,42 @@ def train(
                  device=_device(device), progress=progress, license=license, echo=typer.echo)
 
 
-@app.command()
-def sample(
-    model: Annotated[str, typer.Argument(help="Model folder, bundled name or org/name on the Hub.")],
-    n: Annotated[int, typer.Option("-n", help="Number of samples.")] = 16,
-    condition: Annotated[list[str], typer.Option("--condition", "-c", help="attr=value (repeatable).")] = [],  # noqa: B006
-    output: Annotated[Path, typer.Option("--output", "-o", help="PNG grid to write.")] = Path("samples.png"),
-    chain: Annotated[Optional[Path], typer.Option(help="Also write the chains as a PNG strip.")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    steps: StepsOpt = None,
-    rounds: RoundsOpt = None,
-    step_size: StepSizeOpt = None,
-    precision: PrecisionOpt = None,
-    method: MethodOpt = None,
-    noise: NoiseOpt = None,
-    device: DeviceOpt = None,
-    scale: ScaleOpt = None,
-    refresh: RefreshOpt = False,
-    progress: ProgressOpt = True,
-) -> None:
-    """Sample one model (optionally conditioned) into an image grid.
+def _sampling_options() -> list[inspect.Parameter]:
+    """The options of every command that samples into an image grid (`sample`, `compose`), defined once."""
+    options = {
+        "n": (CountOpt, 16),
+        "chain": (Annotated[Optional[Path], typer.Option(help="Also write the chains as a PNG strip.")], None),
+        "seed": (Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Random seed.")], 0),
+        "steps": (StepsOpt, None),
+        "rounds": (RoundsOpt, None),
+        "step_size": (StepSizeOpt, None),
+        "precision": (PrecisionOpt, None),
+        "method": (MethodOpt, None),
+        "noise": (NoiseOpt, None),
+        "device": (DeviceOpt, None),
+        "scale": (ScaleOpt, None),
+        "refresh": (RefreshOpt, False),
+        "progress": (ProgressOpt, True),
+    }
+    return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+            for name, (annotation, default) in options.items()]
 
-    \b
-    Example: cebm sample shapes-color --condition color=blue -n 16 -o blue.png --method mala
-    """
-    _check_outputs(n, output, chain)
-    energy = _load_energy(model, _device(device), refresh)
-    bindings = _parse_bindings(condition)
-    if bindings:
-        energy = energy.condition(**bindings)
-    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise),
-                     scale, progress)
+
+def sampling_command(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command that takes ``**options`` the shared sampling options (`_sampling_options`)."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    command.__signature__ = signature.replace(parameters=own + _sampling_options())  # typer reads this signature
+    return command
 
 
 @app.command()
+@sampling_command
 def compose(
     expression: Annotated[str, typer.Argument(help='e.g. "shapes-color[color=red] + 2*shapes-shape[shape=circle]".')],
-    n: Annotated[int, typer.Option("-n", help="Number of samples.")] = 16,
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG grid to write.")] = Path("composed.png"),
-    chain: Annotated[Optional[Path], typer.Option(help="Also write the chains as a PNG strip.")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    steps: StepsOpt = None,
-    rounds: RoundsOpt = None,
-    step_size: StepSizeOpt = None,
-    precision: PrecisionOpt = None,
-    method: MethodOpt = None,
-    noise: NoiseOpt = None,
-    device: DeviceOpt = None,
-    scale: ScaleOpt = None,
-    refresh: RefreshOpt = False,
-    progress: ProgressOpt = True,
     form: FormOpt = "auto",
+    **options: Any,
 ) -> None:
     """Compose models with the energy algebra (+, -, *, /, |, [attr=value], guided(...)) and sample an image grid.
 
@@ -249,28 +251,36 @@ def compose(
     """
     from composable_ebm.sampling import composition_form
 
-    _check_outputs(n, output, chain)
-    energy = composition_form(_load_expression(expression, _device(device), refresh), _check_form(form))
+    _check_outputs(output, options["chain"])
+    energy = composition_form(_load_expression(expression, _device(options["device"]), options["refresh"]), form)
     typer.echo(f"sampling {energy.expression()}")
-    _sample_to_files(energy, n, seed, output, chain, _overrides(steps, rounds, step_size, precision, method, noise),
-                     scale, progress)
+    _sample_to_files(energy, output, **options)
 
 
-def _check_form(form: str) -> str:
-    """``--form`` checked before any model is loaded."""
-    from composable_ebm.sampling import FORMS
+@app.command()
+@sampling_command
+def sample(
+    model: Annotated[str, typer.Argument(help="Model folder, bundled name or org/name on the Hub.")],
+    condition: Annotated[list[str], typer.Option("--condition", "-c", help="attr=value (repeatable).")] = [],  # noqa: B006
+    output: Annotated[Path, typer.Option("--output", "-o", help="PNG grid to write.")] = Path("samples.png"),
+    **options: Any,
+) -> None:
+    """Sample one model (optionally conditioned) into an image grid: `cebm compose "MODEL[attr=value]"` for one
+    model, with the same options.
 
-    if form not in FORMS:
-        raise InvalidInputError(f"unknown --form {form!r}; valid choices: {list(FORMS)}")
-    return form
+    \b
+    Example: cebm sample shapes-color --condition color=blue -n 16 -o blue.png --method mala
+    """
+    _check_outputs(output, options["chain"])
+    energy = _load_energy(model, _device(options["device"]), options["refresh"])
+    bindings = _parse_bindings(condition)
+    _sample_to_files(energy.condition(**bindings) if bindings else energy, output, **options)
 
 
-def _check_outputs(n: int, output: Path, chain: Path | None) -> None:
-    """Refuse a bad -n or an output name with no image suffix before any model is loaded."""
+def _check_outputs(output: Path, chain: Path | None) -> None:
+    """Refuse an output name with no image suffix before any model is loaded."""
     from composable_ebm.images import image_format
 
-    if n < 1:
-        raise InvalidInputError(f"-n must be a positive number of samples, got {n}")
     image_format(output)
     if chain is not None:
         image_format(chain)
@@ -312,11 +322,13 @@ def _load_expression(expression: str, device: torch.device, refresh: bool = Fals
     return parse_expression(expression, lambda name: load_model(name, device, refresh=refresh))
 
 
-def _sample_to_files(energy, n: int, seed: int, output: Path, chain: Path | None, overrides: dict,
-                     scale: int | None = None, progress: bool = True) -> None:
+def _sample_to_files(energy, output: Path, *, n: int, seed: int, chain: Path | None, scale: int | None, progress: bool,
+                     **options: Any) -> None:
+    """Sample ``energy`` with the command's sampler settings and write the grid (and the chain strip)."""
     from composable_ebm.images import save_chain_strip, save_image_grid, save_scatter
     from composable_ebm.sampling import sample as run_sampler
 
+    overrides = _overrides(**options)
     images = len(energy.input_shape) == 3
     if chain is not None and not images:
         raise ValueError(f"--chain draws image strips; this energy takes inputs of shape {energy.input_shape}")
@@ -443,8 +455,8 @@ def eval_compose(
     expression: Annotated[str, typer.Argument(help="Composition expression, as for `cebm compose`.")],
     classifier: Annotated[str, typer.Option(help="Attribute classifier (folder or name).")],
     target: Annotated[list[str], typer.Option("--target", "-t", help="attr=value the samples should show.")],
-    n: Annotated[int, typer.Option("-n")] = 64,
-    seed: int = 0,
+    n: CountOpt = 64,
+    seed: Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Random seed.")] = 0,
     steps: StepsOpt = None,
     rounds: RoundsOpt = None,
     step_size: StepSizeOpt = None,
@@ -462,9 +474,9 @@ def eval_compose(
     from composable_ebm.sampling import sample as run_sampler
 
     dev = _device(device)
-    energy = composition_form(_load_expression(expression, dev, refresh), _check_form(form))
+    energy = composition_form(_load_expression(expression, dev, refresh), form)
     clf = _load_classifier(classifier, dev, refresh)
-    samples = run_sampler(energy, n, seed=seed, progress=True, **_overrides(steps, rounds, step_size, None)).samples
+    samples = run_sampler(energy, n, seed=seed, progress=True, **_overrides(steps=steps, rounds=rounds, step_size=step_size)).samples
     score = compositional_accuracy(samples, clf, _parse_bindings(target))
     typer.echo(json.dumps({"expression": energy.expression(), "n": score.n, "per_attribute": score.per_attribute,
                            "joint": score.joint}, indent=2))
