@@ -382,3 +382,27 @@ def test_train_recipe_is_cebm_train_as_a_library_call(tmp_path):
 
     with pytest.raises(InvalidInputError, match="holds another run"):
         train_recipe(recipe, tmp_path / "run", resume=False)
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda s: s["rng"]["numpy"].update(key=3), "rng.numpy.key is a int"),
+    (lambda s: s.update(step="7"), "step is a str"),
+    (lambda s: s["rng"].pop("python"), "rng.python is missing"),
+])
+def test_a_checkpoint_of_the_wrong_structure_is_named_before_anything_is_restored(tmp_path, damage, named):
+    from composable_ebm.errors import ModelFileError
+
+    def trainer() -> Trainer:
+        config = TrainerConfig(steps=2, batch_size=4, chain_augment=None, kl_ent=False,
+                               sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=2))
+        return Trainer(MLPEnergy(MLPConfig(hidden=8, depth=1)), torch.randn(32, 2), config, out_dir=tmp_path)
+
+    trainer().fit()
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    damage(state)
+    save_atomic(state, tmp_path / "checkpoint.pt")
+    fresh = trainer()
+    before = [p.detach().clone() for p in fresh.energy.parameters()]
+    with pytest.raises(ModelFileError, match=named):
+        fresh.resume()
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.energy.parameters()))  # nothing half-restored

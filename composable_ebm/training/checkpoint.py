@@ -26,7 +26,30 @@ class CheckpointWriteError(RunFailure, OSError):
 CORRUPT_FILE_ERRORS = (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError, IndexError, OverflowError,
                        AttributeError, AssertionError, pickle.UnpicklingError)
 """What ``torch.load`` raises on a damaged file (found by fuzzing): the zip reader, the restricted
-unpickler and tensor rebuilding each fail in their own way."""
+unpickler and tensor rebuilding each fail in their own way. Caught around ``torch.load`` only."""
+
+STATE_MISMATCH_ERRORS = (RuntimeError, KeyError, ValueError, TypeError, IndexError)
+"""What restoring a well-formed checkpoint of another model raises (``load_state_dict``: missing or
+mis-shaped tensors); `check_state` has checked its structure first, so nothing else is the file's fault."""
+
+_STATE_TYPES = {"step": int, "rollbacks": int, "model": dict, "ema": dict, "optimizer": dict, "buffer": dict, "rng": dict}
+_RNG_TYPES = {"generator": torch.Tensor, "torch": torch.Tensor, "numpy": dict, "python": dict}
+_NUMPY_TYPES = {"key": torch.Tensor, "pos": int, "has_gauss": int, "cached_gaussian": float}
+_PYTHON_TYPES = {"version": int, "internal": list, "gauss": (float, type(None))}
+
+
+def check_state(state: dict[str, Any], path: Path) -> None:
+    """The structure of a training state (`composable_ebm.training.Trainer.state_dict`): every part present and
+    of its type, so that restoring it fails only where the model does not fit. One line naming the part."""
+    for where, part, types in (("", state, _STATE_TYPES), ("rng.", state.get("rng"), _RNG_TYPES),
+                               ("rng.numpy.", (state.get("rng") or {}).get("numpy"), _NUMPY_TYPES),
+                               ("rng.python.", (state.get("rng") or {}).get("python"), _PYTHON_TYPES)):
+        for key, kind in types.items():
+            value = part.get(key, KeyError) if isinstance(part, dict) else KeyError
+            if value is KeyError or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                found = "missing" if value is KeyError else f"a {type(value).__name__}"
+                raise ModelFileError(f"{path}: {where}{key} is {found}, not a training-state part; the file is damaged"
+                                     " or not a checkpoint of cebm train; start fresh with --no-resume")
 
 
 def save_atomic(payload: dict[str, Any], path: str | Path) -> Path:

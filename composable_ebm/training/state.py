@@ -12,8 +12,9 @@ import torch.distributed as dist
 
 from composable_ebm.errors import InvalidInputError, ModelFileError
 from composable_ebm.training.checkpoint import (
-    CORRUPT_FILE_ERRORS,
+    STATE_MISMATCH_ERRORS,
     capture_rng_state,
+    check_state,
     load_checkpoint,
     restore_rng_state,
     save_atomic,
@@ -88,9 +89,10 @@ class TrainingState:
                 f"{path} was trained with other settings: {keys}; resume with the same recipe, start fresh"
                 " (--no-resume --overwrite keeps the old files aside), or allow the change explicitly (--allow-config-change)"
             )
+        check_state(state, path)
         try:
             self._restore(state)
-        except CORRUPT_FILE_ERRORS as err:  # another model's or a damaged checkpoint
+        except STATE_MISMATCH_ERRORS as err:  # another model's checkpoint
             reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
             raise ModelFileError(f"{path} does not fit this model or is damaged ({reason}); start fresh with"
                                  " --no-resume") from err
