@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from composable_ebm import BlockSpec, ResNetConfig, ResNetEnergy
+from composable_ebm import BlockSpec, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
 
 TINY_BLOCKS = (
     BlockSpec(channels=8),
@@ -36,3 +36,21 @@ def color_model() -> ResNetEnergy:
 def shape_model() -> ResNetEnergy:
     return ResNetEnergy(tiny_config(name="shape", attributes={"shape": ("circle", "square", "triangle")},
                                     null_condition=True))
+
+
+class FlakyEnergy(MLPEnergy):
+    """Returns NaN energies on one chosen call (``poison_call``, counting from 1): a fault injected mid-training."""
+
+    calls = 0
+    poison_call = -1
+
+    def energy(self, x, labels):
+        FlakyEnergy.calls += 1
+        e = super().energy(x, labels)
+        return e * float("nan") if FlakyEnergy.calls == FlakyEnergy.poison_call else e
+
+    @classmethod
+    def poisoned_at(cls, call: int, config: MLPConfig) -> FlakyEnergy:
+        """A new model whose ``call``-th energy evaluation (from now) is NaN."""
+        cls.calls, cls.poison_call = 0, call
+        return cls(config)

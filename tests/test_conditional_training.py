@@ -17,6 +17,7 @@ from composable_ebm.evaluation import AttributeClassifier, ClassifierConfig, tra
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment
 from composable_ebm.training import Trainer, TrainerConfig, label_loss, other_values
+from tests.conftest import FlakyEnergy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -311,23 +312,12 @@ def test_resume_refuses_a_changed_recipe_naming_the_keys(tmp_path):
     assert change["changes"] == {"batch_size": {"old": 16, "new": 8}}
 
 
-class FlakyBlobEnergy(MLPEnergy):
-    calls = 0
-    poison_call = -1
-
-    def energy(self, x, labels):
-        FlakyBlobEnergy.calls += 1
-        e = super().energy(x, labels)
-        return e * float("nan") if FlakyBlobEnergy.calls == FlakyBlobEnergy.poison_call else e
-
-
 def test_a_fresh_run_never_rolls_back_into_an_older_runs_checkpoint(tmp_path):
     cfg = _blob_config(steps=6, checkpoint_every=3)
     Trainer(MLPEnergy(MLPConfig(hidden=8, depth=2, value_range=(-4.0, 4.0), attributes={"side": ("l", "r")})),
             Blobs(200, 0), cfg, out_dir=tmp_path).fit()
     # a new run in the same folder (no resume) faults in its 2nd iteration, before its first checkpoint
-    FlakyBlobEnergy.calls, FlakyBlobEnergy.poison_call = 0, 15
-    fresh = Trainer(FlakyBlobEnergy(MLPConfig(hidden=8, depth=2, value_range=(-4.0, 4.0), attributes={"side": ("l", "r")})),
+    fresh = Trainer(FlakyEnergy.poisoned_at(15, MLPConfig(hidden=8, depth=2, value_range=(-4.0, 4.0), attributes={"side": ("l", "r")})),
                     Blobs(200, 0), cfg, out_dir=tmp_path)
     summary = fresh.fit()
     assert summary.rollbacks == 1 and summary.faults[0]["step"] == 2

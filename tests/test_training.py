@@ -27,7 +27,7 @@ from composable_ebm.training import (
     nearest_neighbour_distance,
     save_atomic,
 )
-from tests.conftest import tiny_config
+from tests.conftest import FlakyEnergy, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "train_worker.py"
@@ -263,25 +263,11 @@ def test_sigkilled_run_resumes_to_bit_identical_weights(tmp_path):
     assert [r["step"] for r in log] == [3, 6, 9, 12]  # records after the checkpoint were redone once
 
 
-class FlakyEnergy(MLPEnergy):
-    """Returns NaN energies on one chosen call: a fault injected mid-training."""
-
-    calls = 0
-    poison_call = -1
-
-    def energy(self, x, labels):
-        FlakyEnergy.calls += 1
-        e = super().energy(x, labels)
-        return e * float("nan") if FlakyEnergy.calls == FlakyEnergy.poison_call else e
-
-
 def _flaky_trainer(tmp_path, on_fault: str) -> Trainer:
-    FlakyEnergy.calls = 0
     # each iteration evaluates the energy 6 times (2 chain steps, the last step, E(x+), E(x-), frozen E(x^)),
     # so call 40 falls in iteration 7
-    FlakyEnergy.poison_call = 40
     torch.manual_seed(0)
-    model = FlakyEnergy(MLPConfig(hidden=16, depth=2))
+    model = FlakyEnergy.poisoned_at(40, MLPConfig(hidden=16, depth=2))
     cfg = TrainerConfig(
         steps=12, batch_size=8, sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=3), chain_augment=None,
         buffer_size=64, ent_bank=8, ent_min_buffer=8, log_every=1, checkpoint_every=4, on_fault=on_fault,
