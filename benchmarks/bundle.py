@@ -97,10 +97,14 @@ def main() -> None:
             steps = max(r["step"] for r in read_log(run) if "step" in r)
             device = args.device
         rows = [r for r in realism if r["attribute"] == attribute]
-        quality = ["## Measured quality", "", "`python -m benchmarks.realism` (64 samples per value with the default"
+        counts = {(r["n"], r.get("coverage_n", r["n"])) for r in rows}
+        (n, coverage_n), = counts
+        quality = ["## Measured quality", "", f"`python -m benchmarks.realism` ({n} samples per value with the default"
                    " sampler settings, against fresh renders of that value, every combination; read by `shapes-classifier`). FID ratio:"
                    " FID in the classifier's features over the floor of as many fresh renders (1 = as close as real"
-                   " images); HF ratio: high-frequency energy over the renders'.", "",
+                   " images); HF ratio: high-frequency energy over the renders'. Accuracy and the coverage gap (the largest"
+                   " difference between the samples' and the data's distribution of another attribute) are read from"
+                   f" {coverage_n} samples per value.", "",
                    "| value | accuracy | FID ratio | HF ratio | largest coverage gap (other attributes) |",
                    "| --- | --- | --- | --- | --- |"]
         quality += [f"| {r['value']} | {r['accuracy']:.3f} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |"

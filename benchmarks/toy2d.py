@@ -6,7 +6,7 @@ model normalised numerically on that grid, plus the final energy difference
 E(x+) - E(x-) and its largest magnitude over training. Writes the table and the
 energy-difference traces to docs/benchmarks.md.
 
-    python benchmarks/toy2d.py [--steps 1500] [--densities 8gaussians rings checkerboard 2spirals]
+    python benchmarks/toy2d.py [--steps 2000] [--densities 8gaussians rings checkerboard 2spirals]
 """
 
 from __future__ import annotations
@@ -54,10 +54,11 @@ def train(name: str, kl: bool, steps: int, seed: int) -> tuple[float, list[dict]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=None, help="training iterations (default: the recipe's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--densities", nargs="+", default=list(TOY_DENSITIES), choices=TOY_DENSITIES)
     args = parser.parse_args()
+    args.steps = args.steps if args.steps is not None else load_recipe(RECIPE).trainer.steps
     torch.set_num_threads(max(1, torch.get_num_threads()))
     points, _ = grid(200)
     rows, traces = [], []
