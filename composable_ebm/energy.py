@@ -561,12 +561,6 @@ class Guided(Energy):
             guidance.append(w * (cond - uncond))
         return torch.stack(nulls).mean(dim=0) + torch.stack(guidance).sum(dim=0)
 
-    def composed(self, form: str = "auto") -> Energy:
-        """Itself, in every form."""
-        if form not in FORMS:
-            raise InvalidInputError(f"unknown composition form {form!r}; valid choices: {list(FORMS)}")
-        return self
-
     def derived_sampler_config(self) -> SamplerConfig | None:
         """The first part's settings (`Energy.derived_sampler_config`)."""
         return _derive_from_parts(self)

@@ -69,6 +69,14 @@ def is_repo_id(text: str) -> bool:
     return bool(_REPO_ID.match(text))
 
 
+def check_target(repo_id: str, revision: str | None = None) -> None:
+    """One line if ``repo_id`` is not ``org/name`` or ``revision`` breaks git's ref-name rules (`check_revision`)."""
+    if not is_repo_id(repo_id):
+        raise InvalidInputError(f"'{repo_id}' is not a Hub repository id; write org/name")
+    if revision is not None:
+        check_revision(revision)
+
+
 def cached_models(cache_dir: str | Path | None = None) -> Iterator[tuple[str, Path]]:
     """``(name, snapshot folder)`` of every model in the local Hub cache that has a ``config.json``:
     ``org/name``, or ``org/name@rev`` for a revision other than main."""
@@ -171,8 +179,7 @@ def download_snapshot(repo: str, revision: str | None = None, token: str | bool 
     from huggingface_hub.utils import build_hf_headers
 
     revision = check_revision(revision) if revision is not None else None
-    if not _REPO_ID.match(repo):
-        raise InvalidInputError(f"'{repo}' is not a Hub repository id; write org/name")
+    check_target(repo)
     at = f"{repo}@{revision}" if revision else repo
     endpoint = constants.ENDPOINT.rstrip("/")
     headers = build_hf_headers(token=token)
@@ -333,10 +340,7 @@ def upload_folder(folder: str | Path, repo_id: str, revision: str | None = None,
     from huggingface_hub import errors as hub_errors
 
     folder = Path(folder)
-    if not _REPO_ID.match(repo_id):
-        raise InvalidInputError(f"'{repo_id}' is not a Hub repository id; write org/name")
-    if revision is not None:
-        check_revision(revision)
+    check_target(repo_id, revision)
     timeout = bound_hub_requests()
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory() as tmp:

@@ -49,7 +49,7 @@ from composable_ebm.hub import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     cached_models,
-    check_revision,
+    check_target,
     hub_snapshot,
     is_repo_id,
     looks_local,
@@ -374,10 +374,7 @@ def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, p
                 token: str | None = None, commit_message: str | None = None) -> str:
     """Publish a saved model folder, checked by loading it first (never publish what would not load);
     returns the commit's URL. See `composable_ebm.hub.upload_folder`."""
-    if not is_repo_id(repo_id):
-        raise InvalidInputError(f"'{repo_id}' is not a Hub repository id; write org/name")
-    if revision is not None:
-        check_revision(revision)
+    check_target(repo_id, revision)  # before the load: a bad name is refused at once
     load_model(Path(folder))
     return upload_folder(folder, repo_id, revision, private, token, commit_message)
 
