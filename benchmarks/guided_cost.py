@@ -51,17 +51,20 @@ def main() -> None:
     forms = {"plain": plain, "guided": guided(plain)}
     x = torch.rand(args.n, 3, 16, 16, device=args.device)
     seconds = {name: step_seconds(e, x, args.repeats) for name, e in forms.items()}
+    seconds["plain_2n"] = step_seconds(plain, torch.cat([x, x]), args.repeats)
     ratio = seconds["guided"] / seconds["plain"]
     print(json.dumps({"seconds": seconds, "ratio": ratio}), flush=True)
-    write_section("guided_cost", "\n".join([
-        "## Cost of a guided term",
+    on_gpu = torch.device(args.device).type == "cuda"
+    where = (f"a plain step on a batch of {2 * args.n} takes {1000 * seconds['plain_2n']:.1f} ms here"
+             f" ({seconds['plain_2n'] / seconds['plain']:.2f}x the batch of {args.n}).")
+    write_section("guided_cost_cuda" if on_gpu else "guided_cost", "\n".join([
+        "## Cost of a guided term" + (" on a GPU" if on_gpu else ""),
         "",
-        f"`python -m benchmarks.guided_cost --n {args.n} --models {args.models}` on {machine()}: one sampler step (energy and gradient) of",
+        f"`python -m benchmarks.guided_cost --n {args.n} --models {args.models} --device {args.device}` on {machine()}: one sampler step (energy and gradient) of",
         f"`{EXPRESSION}` on a batch of {args.n}: plain {1000 * seconds['plain']:.1f} ms, guided"
         f" {1000 * seconds['guided']:.1f} ms, **{ratio:.2f}x**. Each guided term is one network call on a batch of",
         f"{2 * args.n} (conditioned and unconditional halves), except for a model whose condition enters through a"
-        " pixel-set head (the bundled colour model), which runs its towers once; on this CPU the time of a call grows"
-        " with its batch.",
+        " pixel-set head (the bundled colour model), which runs its towers once; " + where,
     ]))
 
 

@@ -219,20 +219,29 @@ def _hub_json(url: str, headers: dict, timeout: float, at: str) -> Any:
                                   " is HF_ENDPOINT a Hugging Face Hub?") from None
 
 
+def _http_library():
+    """The HTTP library under huggingface_hub's session: httpx2 (huggingface_hub 2.x) or httpx (1.x)."""
+    import importlib
+
+    from huggingface_hub.utils import get_session
+
+    return importlib.import_module(type(get_session()).__module__.split(".")[0])
+
+
 def _hub_request(method: str, url: str, headers: dict, timeout: float, at: str, stream: bool):
     """One bounded request; an answer other than 2xx becomes one line saying what the server said."""
-    import httpx2
+    httpx = _http_library()
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
 
-    bound = httpx2.Timeout(timeout)
+    bound = httpx.Timeout(timeout)
     try:
         if stream:
             response = get_session().send(get_session().build_request(method, url, headers=headers, timeout=bound),
                                           stream=True)
         else:
             response = get_session().request(method, url, headers=headers, timeout=bound)
-    except httpx2.HTTPError as err:
+    except httpx.HTTPError as err:
         raise _unreachable(f"{at} is not in the local cache and", err, timeout) from err
     if response.status_code < 300:
         return response
@@ -259,7 +268,7 @@ def _download_file(url: str, headers: dict, storage: Path, target: Path, timeout
     import hashlib
     import time
 
-    import httpx2
+    httpx = _http_library()
     from huggingface_hub.utils import are_progress_bars_disabled, tqdm
 
     blobs = storage / "blobs"
@@ -289,10 +298,10 @@ def _download_file(url: str, headers: dict, storage: Path, target: Path, timeout
                     if time.monotonic() > deadline:
                         raise HubUnavailableError(f"{label}: the download took more than {file_timeout:g} s"
                                                   f" ({received} bytes received); CEBM_HUB_FILE_TIMEOUT sets the bound")
-            except httpx2.TimeoutException as err:
+            except httpx.TimeoutException as err:
                 raise HubUnavailableError(f"{label}: the Hub stopped sending for {timeout:g} s after {received} bytes;"
                                           " CEBM_HUB_TIMEOUT sets the wait") from err
-            except httpx2.HTTPError as err:
+            except httpx.HTTPError as err:
                 raise HubUnavailableError(f"{label}: the download broke off after {received} bytes"
                                           f" ({type(err).__name__})") from err
             out.flush()
@@ -335,7 +344,7 @@ def upload_folder(folder: str | Path, repo_id: str, revision: str | None = None,
     (``HF_TOKEN``, ``hf auth login``) unless given. A generated card's usage line is rewritten to load from
     the repository. The folder is not checked here: `composable_ebm.persistence.push_folder` loads it first.
     """
-    import httpx2
+    httpx = _http_library()
     from huggingface_hub import HfApi
     from huggingface_hub import errors as hub_errors
 
@@ -363,7 +372,7 @@ def upload_folder(folder: str | Path, repo_id: str, revision: str | None = None,
             if not _timed_out(err):
                 raise HubUnavailableError(f"pushing {folder} to {repo_id} failed: {' '.join(str(err).split())[:300]}") from err
             raise _unreachable(f"pushing {folder} to {repo_id}:", err, timeout) from err
-        except httpx2.HTTPError as err:
+        except httpx.HTTPError as err:
             raise _unreachable(f"pushing {folder} to {repo_id}:", err, timeout) from err
     return str(info)
 
@@ -381,11 +390,11 @@ def _unreachable(prefix: str, err: BaseException, timeout: float) -> HubUnavaila
 
 def _timed_out(err: BaseException) -> bool:
     """Whether an error of huggingface_hub was a timeout of the HTTP client underneath."""
-    import httpx2
+    httpx = _http_library()
 
     seen = err
     while seen is not None:
-        if isinstance(seen, (httpx2.TimeoutException, TimeoutError)):
+        if isinstance(seen, (httpx.TimeoutException, TimeoutError)):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
@@ -394,14 +403,14 @@ def _timed_out(err: BaseException) -> bool:
 def bound_hub_requests() -> float:
     """Give huggingface_hub's shared HTTP client a timeout of `hub_timeout` for connecting and for
     each read and write (its default waits for ever); returns the timeout. Used before a push."""
-    import httpx2
+    httpx = _http_library()
     from huggingface_hub.utils import _http, set_client_factory
 
     timeout = hub_timeout()
 
     def bounded_client():
         client = _http.default_client_factory()
-        client.timeout = httpx2.Timeout(timeout)
+        client.timeout = httpx.Timeout(timeout)
         return client
 
     set_client_factory(bounded_client)

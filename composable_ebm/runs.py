@@ -84,7 +84,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         raise InvalidInputError(f"--steps must be >= 0, got {steps}")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    init_distributed()
+    init_distributed(device)
     data = build_dataset(spec.data)
     model = build_model(spec, data)
     trainer = Trainer(model, data, spec.trainer, out_dir=out, device=torch.device(device))

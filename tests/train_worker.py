@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    init_distributed()
+    init_distributed("cpu")  # gloo: the tiny model trains on the CPU, also where a GPU exists
     torch.manual_seed(0)
     model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")}))
     config = TrainerConfig(

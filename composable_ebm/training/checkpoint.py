@@ -114,15 +114,20 @@ def capture_rng_state(generator: torch.Generator) -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
-    """Inverse of `capture_rng_state`."""
-    generator.set_state(state["generator"])
-    torch.set_rng_state(state["torch"])
+    """Inverse of `capture_rng_state`.
+
+    RNG states are CPU byte tensors whatever the device: a checkpoint read with ``map_location="cuda"``
+    holds them on the GPU, so each is moved back before it is set.
+    """
+    generator.set_state(state["generator"].cpu())
+    torch.set_rng_state(state["torch"].cpu())
     np_state = state["numpy"]
     np.random.set_state(
-        ("MT19937", np_state["key"].numpy().astype(np.uint32), np_state["pos"], np_state["has_gauss"],
+        ("MT19937", np_state["key"].cpu().numpy().astype(np.uint32), np_state["pos"], np_state["has_gauss"],
          np_state["cached_gaussian"])
     )
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state.cpu(), index)

@@ -312,12 +312,21 @@ def _param_grad_norm(loss: Tensor, params: list[Tensor]) -> float:
     return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
 
-def init_distributed() -> bool:
-    """Initialise torch.distributed from torchrun's environment variables; returns whether it did."""
+def init_distributed(device: torch.device | str | None = None) -> bool:
+    """Initialise torch.distributed from torchrun's environment variables; returns whether it did.
+
+    The backend follows the device the run trains on (``device``; default: CUDA if available):
+    NCCL on CUDA, each process on the GPU its ``LOCAL_RANK`` names, and gloo on the CPU.
+    """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return dist.is_initialized()
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    kind = torch.device(device).type if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    backend = "nccl" if kind == "cuda" else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local_rank >= count:
+            raise InvalidInputError(f"torchrun process {local_rank} of this node has no GPU of its own ({count} CUDA"
+                                    f" device(s) here); valid choices: --nproc_per_node <= {count}, or --device cpu")
+        torch.cuda.set_device(local_rank)
     dist.init_process_group(backend=backend, init_method="env://")
     return True
