@@ -392,3 +392,17 @@ def test_a_checkpoint_of_the_wrong_structure_is_named_before_anything_is_restore
     with pytest.raises(ModelFileError, match=named):
         fresh.resume()
     assert all(torch.equal(a, b) for a, b in zip(before, fresh.energy.parameters()))  # nothing half-restored
+
+
+def test_torchrun_with_more_processes_than_gpus_is_one_line_before_any_process_group(monkeypatch):
+    import torch.distributed as dist
+
+    from composable_ebm.errors import InvalidInputError
+    from composable_ebm.training import init_distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: pytest.fail("a process group was started"))
+    with pytest.raises(InvalidInputError, match=r"process 1 of this node has no GPU of its own \(1 CUDA device"):
+        init_distributed("cuda")
