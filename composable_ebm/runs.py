@@ -99,7 +99,8 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                     trainer.log = type(trainer.log)(out)  # a fresh log (and TensorBoard writer) in the emptied folder
         if resume and trainer.resume(allow_config_change=allow_config_change):
             resumed_from = trainer.step
-            say(f"resumed from step {trainer.step}")
+            say(f"resumed from step {trainer.step}" + ("" if trainer.resumed_exactly else
+                " on another kind of device than the checkpoint's: the run goes on, but not bit for bit"))
         total = steps if steps is not None else spec.trainer.steps
         bar = tqdm(total=total, initial=trainer.step, disable=not progress or trainer.rank != 0, desc="training")
 

@@ -406,3 +406,35 @@ def test_torchrun_with_more_processes_than_gpus_is_one_line_before_any_process_g
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: pytest.fail("a process group was started"))
     with pytest.raises(InvalidInputError, match=r"process 1 of this node has no GPU of its own \(1 CUDA device"):
         init_distributed("cuda")
+
+
+def test_a_checkpoint_of_a_gpu_run_resumes_on_the_cpu_and_says_it_is_not_bit_for_bit(tmp_path):
+    """A CUDA generator's state (16 bytes) cannot drive a CPU generator: the run goes on from a seed drawn from it."""
+    from types import SimpleNamespace
+
+    def trainer():
+        model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")}))
+        data = torch.rand(32, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+        return Trainer(model, SimpleNamespace(images=data, labels={"color": torch.arange(32) % 3}),
+                       TrainerConfig(steps=2, batch_size=4, sampler=SamplerConfig(step_size=10.0, steps=2),
+                                     buffer_size=16, ent_bank=4, ent_min_buffer=4, checkpoint_every=2, log_every=1),
+                       out_dir=tmp_path)
+
+    first = trainer()
+    first.fit()
+    first.close()
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    state["rng"]["generator"] = torch.arange(16, dtype=torch.uint8)  # as a CUDA generator saves it
+    state["rng"]["generator_device"] = "cuda:0"
+    save_atomic(state, tmp_path / "checkpoint.pt")
+    again = trainer()
+    assert again.resume() and again.step == 2 and not again.resumed_exactly
+    draws = torch.rand(3, generator=again.generator)
+    again.close()
+    other = trainer()  # the same saved state seeds the same stream
+    other.resume()
+    assert torch.equal(torch.rand(3, generator=other.generator), draws)
+    other.fit(4)
+    other.close()
+    events = [r for r in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines()) if r.get("event")]
+    assert {"event": "device_changed", "step": 2, "from": "cuda:0", "to": "cpu"} in events

@@ -8,6 +8,7 @@ checkpoint intact.
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 import random
 from pathlib import Path
@@ -113,13 +114,20 @@ def capture_rng_state(generator: torch.Generator) -> dict[str, Any]:
     return state
 
 
-def restore_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
-    """Inverse of `capture_rng_state`.
+def restore_rng_state(state: dict[str, Any], generator: torch.Generator) -> bool:
+    """Inverse of `capture_rng_state`; returns whether the trainer's generator continues its saved stream.
 
     RNG states are CPU byte tensors whatever the device: a checkpoint read with ``map_location="cuda"``
-    holds them on the GPU, so each is moved back before it is set.
+    holds them on the GPU, so each is moved back before it is set. A generator saved on another kind of
+    device (a run started on a GPU, resumed on a CPU) has a state of another form: the generator is then
+    seeded from the saved state instead, so the run goes on reproducibly but not bit for bit.
     """
-    generator.set_state(state["generator"].cpu())
+    saved = state["generator"].cpu()
+    exact = torch.device(state.get("generator_device", str(generator.device))).type == generator.device.type
+    if exact:
+        generator.set_state(saved)
+    else:
+        generator.manual_seed(int.from_bytes(hashlib.sha256(saved.numpy().tobytes()).digest()[:8], "little"))
     torch.set_rng_state(state["torch"].cpu())
     np_state = state["numpy"]
     np.random.set_state(
@@ -131,3 +139,4 @@ def restore_rng_state(state: dict[str, Any], generator: torch.Generator) -> None
     if "cuda" in state and torch.cuda.is_available():
         for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(cuda_state.cpu(), index)
+    return exact

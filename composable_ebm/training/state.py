@@ -102,6 +102,9 @@ class TrainingState:
             if changed:
                 self.log.append({"event": "config_changed", "step": self.step,
                                  "changes": {k: {"old": o, "new": n} for k, (o, n) in changed.items()}})
+            if not self.resumed_exactly:
+                self.log.append({"event": "device_changed", "step": self.step,
+                                 "from": state["rng"].get("generator_device"), "to": str(self.generator.device)})
         return True
 
     def _restore(self, state: dict[str, Any] | None) -> None:
@@ -111,7 +114,7 @@ class TrainingState:
         self.ema.load_state_dict(state["ema"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.buffer.load_state_dict(state["buffer"])
-        restore_rng_state(state["rng"], self.generator)
+        self.resumed_exactly = restore_rng_state(state["rng"], self.generator)
         self.step = int(state["step"])
         self.rollbacks = int(state["rollbacks"])
         if self.rank != 0:

@@ -105,6 +105,7 @@ class Trainer(TrainingState):
             config.buffer_size, energy.input_shape, sorted(energy.attributes), self.device, config.buffer_policy
         )
         self.step = 0
+        self.resumed_exactly = True  # False after a resume from a checkpoint of another kind of device
         self._fit_total = -1  # the step count fit() trains to (its last step is always logged)
         self.rollbacks = 0
         self.faults: list[dict[str, Any]] = []
