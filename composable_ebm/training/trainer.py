@@ -82,6 +82,8 @@ class Trainer(TrainingState):
     ) -> None:
         self.config = config
         self.device = torch.device(device) if device is not None else energy.device
+        if self.device.type == "cuda" and self.device.index is None:  # the current GPU (torchrun: LOCAL_RANK's)
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.energy = energy.to(self.device)
         self.images, self.labels = self._check_data(energy, data)
         self.distributed = dist.is_available() and dist.is_initialized()
