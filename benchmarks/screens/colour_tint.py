@@ -1,6 +1,7 @@
 """The background's tint in guided composites with a colour term, for each scale of the colour term: the largest
 difference between a channel's mean over the samples' border pixels and the data's flat background (renders: about
-0.005), with the colour term's whole guidance scale set to each SCALE (the model's own, 1.5, set aside), over every conjunction of 2 and of 4 attributes that has a colour term, 16 samples each (seed 2).
+0.005), with the colour term's whole guidance scale set to each SCALE (the model's own, 1.5, set aside), over every
+conjunction of 2 and of 4 attributes that has a colour term, 16 samples each (seed 2).
 
     PYTHONPATH=. python benchmarks/screens/colour_tint.py [SCALES]     # SCALES: comma-separated, default 1,1.5
 """

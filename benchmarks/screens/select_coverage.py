@@ -32,6 +32,9 @@ for item in sys.argv[3:]:
     rows.append(row)
     print(f"{row[0]}: worst accuracy {row[1]:.3f}, worst coverage gap {row[2]:.3f}, FID ratio median {row[3]:.2f},"
           f" HF ratio median {row[4]:.2f}", flush=True)
-eligible = [r for r in rows if r[1] >= 0.95] or rows
+eligible = [r for r in rows if r[1] >= 0.95]
+if not eligible:
+    print("no snapshot reads every value right >= 0.95 of the time; choosing among all of them")
+    eligible = rows
 best = min(eligible, key=lambda r: (round(r[2], 2), r[3]))
 print(f"chosen: {best[0]} (seed {seed})")
