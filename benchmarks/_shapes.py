@@ -18,6 +18,15 @@ ATTRIBUTES = ("shape", "color", "size", "position")
 HOLDOUT = [{"color": "red", "shape": "circle"}]
 
 
+def border_tint(x: torch.Tensor) -> float:
+    """The background's tint of a batch ``(B, C, H, W)``: the largest difference between a channel's mean over the
+    border pixels and the data's flat dark-grey background (about 0.005 for renders)."""
+    from composable_ebm.data.datasets import _BACKGROUND
+
+    border = torch.cat([x[:, :, 0, :], x[:, :, -1, :], x[:, :, :, 0], x[:, :, :, -1]], dim=2)  # (B, C, 4W)
+    return float((border.mean(dim=(0, 2)) - torch.as_tensor(_BACKGROUND, dtype=border.dtype)).abs().max())
+
+
 def recipe_path(attribute: str) -> Path:
     return ROOT / "recipes" / f"shapes-{attribute}.toml"
 

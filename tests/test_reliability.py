@@ -420,7 +420,8 @@ def test_a_corrupt_checkpoint_on_resume_names_the_file_and_the_way_out(tmp_path,
     assert (run / "checkpoint.pt").read_bytes() == content  # nothing overwritten
     assert not (run / ".lock").exists()  # the lock is released on failure
     result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--no-resume", "--steps", "1"])
-    _one_line_error(result, "holds another run (checkpoint.pt", "--overwrite")  # (and tensorboard/ where installed)  # a fresh start is asked for
+    # a fresh start is asked for; the files named are checkpoint.pt (and tensorboard/ where it is installed)
+    _one_line_error(result, "holds another run (checkpoint.pt", "--overwrite")
     result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--no-resume", "--overwrite",
                                  "--steps", "1"])
     assert result.exit_code == 0, result.output

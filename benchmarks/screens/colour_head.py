@@ -13,9 +13,8 @@ import sys
 
 import torch
 
-from benchmarks._shapes import load_spec
+from benchmarks._shapes import border_tint, load_spec
 from composable_ebm import compositional_accuracy, guided
-from composable_ebm.data.datasets import _BACKGROUND as BACKGROUND
 from composable_ebm.persistence import load_model
 
 torch.set_num_threads(1)
@@ -24,11 +23,6 @@ n = int(sys.argv[2]) if len(sys.argv) > 2 else 32
 weight = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0  # on the colour term of a composite
 models = {"color": color, **{a: load_model(f"shapes-{a}").eval() for a in ("shape", "size", "position")}}
 classifier = load_model("shapes-classifier").eval()
-
-
-def border_tint(x: torch.Tensor) -> float:
-    border = torch.cat([x[:, :, 0, :], x[:, :, -1, :], x[:, :, :, 0], x[:, :, :, -1]], dim=2)  # (B, C, 4W)
-    return float((border.mean(dim=(0, 2)) - BACKGROUND).abs().max())
 
 
 TARGETS = [{"shape": "circle", "size": "small"}, {"position": "left", "size": "small"}]

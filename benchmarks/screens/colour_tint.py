@@ -10,18 +10,10 @@ import sys
 
 import torch
 
+from benchmarks._shapes import border_tint
 from benchmarks.composition import conjunctions
 from composable_ebm import guided, shapes
-from composable_ebm.data.datasets import _BACKGROUND
 from composable_ebm.persistence import load_model
-
-BACKGROUND = torch.as_tensor(_BACKGROUND)
-
-
-def border_tint(x: torch.Tensor) -> float:
-    border = torch.cat([x[:, :, 0, :], x[:, :, -1, :], x[:, :, :, 0], x[:, :, :, -1]], dim=2)  # (B, C, 4W)
-    return float((border.mean(dim=(0, 2)) - BACKGROUND).abs().max())
-
 
 torch.set_num_threads(1)
 scales = [float(s) for s in (sys.argv[1] if len(sys.argv) > 1 else "1,1.5").split(",")]
