@@ -312,6 +312,21 @@ def test_resume_refuses_a_changed_recipe_naming_the_keys(tmp_path):
     assert change["changes"] == {"batch_size": {"old": 16, "new": 8}}
 
 
+def test_an_allowed_resume_takes_a_checkpoint_with_another_buffer_size(tmp_path):
+    # e.g. a CPU run resumed on a GPU with more chains and a smaller buffer (chains start from noise)
+    recipe = tmp_path / "toy.toml"
+    recipe.write_text(TOY.format(seed=3))
+    assert _train(recipe, tmp_path / "run").exit_code == 0
+    small = tmp_path / "small.toml"
+    small.write_text(TOY.format(seed=3).replace("buffer_size = 64", "buffer_size = 20"))
+    refused = _train(small, tmp_path / "run", "--steps", "6")
+    assert refused.exit_code == 2 and "buffer_size (" in refused.output
+    allowed = _train(small, tmp_path / "run", "--steps", "6", "--allow-config-change")
+    assert allowed.exit_code == 0, allowed.output
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 6 and state["buffer"]["capacity"] == 20 and state["buffer"]["samples"].shape[0] == 20
+
+
 def test_a_fresh_run_never_rolls_back_into_an_older_runs_checkpoint(tmp_path):
     cfg = _blob_config(steps=6, checkpoint_every=3)
     Trainer(MLPEnergy(MLPConfig(hidden=8, depth=2, value_range=(-4.0, 4.0), attributes={"side": ("l", "r")})),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -152,7 +153,7 @@ def test_training_health_plot_and_image_grid_are_written(tmp_path):
     grid = save_image_grid(images, tmp_path / "grid.png", nrow=4)
     with Image.open(grid) as im:  # 8-pixel images upscaled 8 times by default, each pixel a block
         assert im.size == (4 * 64 + 5 * 2, 4 * 64 + 5 * 2)
-        block = torch.tensor(list(im.crop((2, 2, 2 + 64, 2 + 64)).getdata())).view(8, 8, 8, 8, 3)
+        block = torch.tensor(np.asarray(im.crop((2, 2, 2 + 64, 2 + 64)))).view(8, 8, 8, 8, 3)
         assert bool((block == block[:, :1, :, :1]).all())  # nearest neighbour: constant within each block
     with Image.open(save_image_grid(images, tmp_path / "grid1.png", nrow=4, scale=1)) as im:
         assert im.size == (4 * 8 + 5 * 2, 4 * 8 + 5 * 2)

@@ -87,6 +87,32 @@ def test_buffer_state_dict_round_trip():
         ReplayBuffer(9, (2,), attributes=["a"]).load_state_dict(buf.state_dict())
 
 
+
+def test_buffer_resized_on_load_keeps_the_newest_fifo_items_and_a_reservoir_subset():
+    gen = torch.Generator().manual_seed(0)
+    fifo = ReplayBuffer(8, (1,), attributes=["a"], policy="fifo")
+    for i in range(11):  # items 0..10: the buffer holds 3..10, item 10 in slot 2
+        fifo.add(torch.full((1, 1), float(i)), {"a": torch.tensor([i])}, gen)
+    small = ReplayBuffer(4, (1,), attributes=["a"], policy="fifo")
+    with pytest.raises(ValueError, match="does not match"):
+        small.load_state_dict(fifo.state_dict())
+    small.load_state_dict(fifo.state_dict(), resize=True)
+    assert small.samples[:, 0].tolist() == [7.0, 8.0, 9.0, 10.0] and small.labels["a"].tolist() == [7, 8, 9, 10]
+    small.add(torch.full((1, 1), 11.0), {"a": torch.tensor([11])}, gen)  # overwrites the oldest
+    assert sorted(small.samples[:, 0].tolist()) == [8.0, 9.0, 10.0, 11.0]
+    large = ReplayBuffer(16, (1,), attributes=["a"], policy="fifo")
+    large.load_state_dict(fifo.state_dict(), resize=True)
+    assert len(large) == 8 and large.samples[:8, 0].tolist() == [float(i) for i in range(3, 11)]
+    large.add(torch.full((2, 1), 11.0), {"a": torch.tensor([11, 11])}, gen)  # appended, nothing lost
+    assert len(large) == 10 and large.samples[8:10, 0].tolist() == [11.0, 11.0]
+    reservoir = ReplayBuffer(8, (1,), attributes=["a"])
+    reservoir.add(torch.arange(100.0)[:, None], {"a": torch.arange(100)}, gen)
+    kept = ReplayBuffer(4, (1,), attributes=["a"])
+    kept.load_state_dict(reservoir.state_dict(), resize=True)
+    assert len(kept) == 4 and kept.seen == 100
+    assert kept.samples[:, 0].tolist() == reservoir.samples[:4, 0].tolist()
+
+
 # ----------------------------------------------------------------------------- losses
 def test_cd_loss_formula():
     e_pos, e_neg = torch.tensor([1.0, 2.0]), torch.tensor([0.5, -0.5])
@@ -207,7 +233,7 @@ def test_training_logs_health_and_both_gradient_norms(tmp_path):
         assert r["grad_norm_kl"] > 0 and r["grad_norm_cd"] > 0  # the KL gradient is real on logging steps
     # the EMA moved away from the initial weights, towards the trained ones (decay 0.5: most of the way)
     def dist(a, b):
-        return sum(float((x - y).norm()) for x, y in zip(a, b))
+        return sum(float((x - y).detach().norm()) for x, y in zip(a, b))
 
     trained, ema = list(model.parameters()), list(trainer.ema.parameters())
     assert dist(ema, init) > 0 and dist(ema, trained) < 0.5 * dist(init, trained)

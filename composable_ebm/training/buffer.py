@@ -90,20 +90,30 @@ class ReplayBuffer:
             "policy": self.policy,
         }
 
-    def load_state_dict(self, state: Mapping) -> None:
-        """Inverse of `state_dict`."""
-        if state["capacity"] != self.capacity or tuple(state["samples"].shape[1:]) != self.shape:
+    def load_state_dict(self, state: Mapping, resize: bool = False) -> None:
+        """Inverse of `state_dict`. ``resize=True`` (a resume that allows a changed ``buffer_size``) takes a
+        buffer of another capacity: ``fifo`` keeps the newest samples that fit, ``reservoir`` a uniform subset."""
+        old_capacity = int(state["capacity"])
+        if tuple(state["samples"].shape[1:]) != self.shape or (old_capacity != self.capacity and not resize):
             raise ValueError(
                 f"checkpoint buffer (capacity {state['capacity']}, shape {tuple(state['samples'].shape[1:])}) does not"
                 f" match this buffer (capacity {self.capacity}, shape {self.shape})"
             )
         if set(state["labels"]) != set(self.labels):
             raise ValueError(f"checkpoint buffer labels {sorted(state['labels'])} != {sorted(self.labels)}")
-        self.size = state["samples"].shape[0]
+        held, seen = state["samples"].shape[0], int(state["seen"])
+        self.size = min(held, self.capacity)
+        src = torch.arange(self.size)  # reservoir slots are exchangeable: the first ones are a uniform subset
+        if old_capacity != self.capacity:
+            if state["policy"] == "fifo":  # the j-th newest sample sits in slot (seen - j) mod capacity
+                src = (seen - torch.arange(self.size, 0, -1)) % old_capacity  # oldest first
+            # held samples fill slots 0..size-1, as in a buffer that has seen only them (fifo writes next at
+            # slot seen mod capacity, onto the oldest); a full reservoir keeps its count, so its odds go on
+            seen = seen if state["policy"] == "reservoir" and self.size == self.capacity else self.size
         self.samples.zero_()
-        self.samples[: self.size] = state["samples"].to(self.device)
+        self.samples[: self.size] = state["samples"][src].to(self.device)
         for attr, store in self.labels.items():
             store.zero_()
-            store[: self.size] = state["labels"][attr].to(self.device)
-        self.seen = int(state["seen"])
+            store[: self.size] = state["labels"][attr][src].to(self.device)
+        self.seen = seen
         self.policy = state["policy"]

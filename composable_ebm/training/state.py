@@ -91,7 +91,7 @@ class TrainingState:
             )
         check_state(state, path)
         try:
-            self._restore(state)
+            self._restore(state, resize_buffer=allow_config_change)
         except STATE_MISMATCH_ERRORS as err:  # another model's checkpoint
             reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
             raise ModelFileError(f"{path} does not fit this model or is damaged ({reason}); start fresh with"
@@ -107,13 +107,13 @@ class TrainingState:
                                  "from": state["rng"].get("generator_device"), "to": str(self.generator.device)})
         return True
 
-    def _restore(self, state: dict[str, Any] | None) -> None:
+    def _restore(self, state: dict[str, Any] | None, resize_buffer: bool = False) -> None:
         if state is None:
             raise RuntimeError("no checkpoint to restore")
         self.energy.load_state_dict(state["model"], strict=True)
         self.ema.load_state_dict(state["ema"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
-        self.buffer.load_state_dict(state["buffer"])
+        self.buffer.load_state_dict(state["buffer"], resize=resize_buffer)
         self.resumed_exactly = restore_rng_state(state["rng"], self.generator)
         self.step = int(state["step"])
         self.rollbacks = int(state["rollbacks"])
