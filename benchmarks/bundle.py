@@ -105,10 +105,16 @@ def main() -> None:
                    " images); HF ratio: high-frequency energy over the renders'. Accuracy and the coverage gap (the largest"
                    " difference between the samples' and the data's distribution of another attribute) are read from"
                    f" {coverage_n} samples per value.", "",
-                   "| value | accuracy | FID ratio | HF ratio | largest coverage gap (other attributes) |",
-                   "| --- | --- | --- | --- | --- |"]
+                   "| value | accuracy | FID ratio | HF ratio | largest coverage gap (other attributes) |"
+                   " largest gap to the blind training mix |",
+                   "| --- | --- | --- | --- | --- | --- |"]
         quality += [f"| {r['value']} | {r['accuracy']:.3f} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |"
-                    f" {max(r['coverage_gap'].values()):.2f} |" for r in rows]
+                    f" {max(r['coverage_gap'].values()):.2f} |"
+                    + (f" {max(r['coverage_gap_blind'].values()):.2f} |" if "coverage_gap_blind" in r else " |")
+                    for r in rows]
+        quality += [] if not all("coverage_gap_blind" in r for r in rows) else ["", "The blind training mix is what a channel-blind network trained on the training split can draw at"
+                    " best (the split averaged over colour permutations: colour uniform, circles 0.25 of every mix;"
+                    " `blind_training_mix` in `benchmarks/realism.py`)."]
         curve_path = Path(args.curves.format(attribute=attribute))
         if curve_path.is_file() and not args.cards_only:  # the curve belongs to the runs, not the bundled weights
             quality += ["", "Against training time (`python -m benchmarks.realism_curve`, the saved checkpoints):", "",
