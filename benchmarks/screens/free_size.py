@@ -1,0 +1,37 @@
+"""Which size do guided composites draw when they leave size free? Every 2-attribute composite without a size
+(shape + colour, shape + position, colour + position: 21), 32 samples each (seed 0), read by the bundled
+classifier; the data draws each size half the time. An optional factor multiplies the colour term's weight
+(the colour model's guidance scale is 1.5; 0.6667 gives an effective 1).
+
+    PYTHONPATH=. python benchmarks/screens/free_size.py [COLOUR_FACTOR]
+"""
+import itertools
+import statistics
+import sys
+
+import torch
+
+import composable_ebm as cebm
+from composable_ebm.persistence import load_model
+
+VALUES = {"shape": ("circle", "square", "triangle"), "color": ("red", "green", "blue"), "position": ("left", "right")}
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    factor = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
+    classifier = load_model("shapes-classifier").eval()
+    models = {a: cebm.load(f"shapes-{a}") for a in VALUES}
+    large = []
+    for a, b in (("shape", "color"), ("shape", "position"), ("color", "position")):
+        for va, vb in itertools.product(VALUES[a], VALUES[b]):
+            terms = [(factor if name == "color" else 1.0) * models[name].condition(**{name: value})
+                     for name, value in ((a, va), (b, vb))]
+            read = classifier.predict(cebm.guided(terms[0] + terms[1]).sample(32, seed=0))
+            large.append(float((read["size"] == 1).float().mean()))
+            print(f"{va} + {vb}: large {large[-1]:.2f}", flush=True)
+    print(f"share drawn large: mean {statistics.mean(large):.2f}, lowest {min(large):.2f}, highest {max(large):.2f}")
+
+
+if __name__ == "__main__":
+    main()
