@@ -208,3 +208,20 @@ def test_realism_scores_fresh_renders_near_the_floor_and_noise_far_above_it():
         realism(fresh, real[:100], reference, classifier.features)
     sheet = contact_sheet([(fresh, real), (fresh, real)], per_row=4, scale=2)
     assert sheet.shape[0] == 3 and sheet.shape[1] == 2 * 2 * 17 and sheet.min() >= 0 and sheet.max() <= 1
+
+
+def test_the_blind_training_mix_is_the_training_split_seen_without_colour():
+    from benchmarks.realism import blind_training_mix
+
+    attributes = {"shape": ("circle", "square", "triangle"), "color": ("red", "green", "blue"),
+                  "size": ("small", "large"), "position": ("left", "right")}
+    # red circles held out: 2 of the 8 shape-and-colour combinations are circles, whatever the size
+    mix = blind_training_mix("size", 1, attributes, seed=0)
+    assert set(mix) == {"shape", "color", "position"}
+    assert abs(mix["shape"]["circle"] - 0.25) < 0.02 and abs(mix["shape"]["square"] - 0.375) < 0.02
+    assert mix["color"] == {"red": 1 / 3, "green": 1 / 3, "blue": 1 / 3}  # a channel-blind model cannot prefer one
+    # a colour stands for every colour: red's mix is the whole split's, with its circles
+    red = blind_training_mix("color", 0, attributes, seed=0)
+    assert "color" not in red and abs(red["shape"]["circle"] - 0.25) < 0.02
+    circle = blind_training_mix("shape", 0, attributes, seed=0)
+    assert abs(circle["size"]["small"] - 0.5) < 0.05 and circle["color"]["red"] == 1 / 3
