@@ -1,9 +1,10 @@
 """Which size do guided composites draw when they leave size free? Every 2-attribute composite without a size
 (shape + colour, shape + position, colour + position: 21), 32 samples each (seed 0), read by the bundled
 classifier; the data draws each size half the time. An optional factor multiplies the colour term's weight
-(the colour model's guidance scale is 1.5; 0.6667 gives an effective 1).
+(the colour model's guidance scale is 1.5; 0.6667 gives an effective 1), and an optional form picks the
+guided (default) or the plain sum.
 
-    PYTHONPATH=. python benchmarks/screens/free_size.py [COLOUR_FACTOR]
+    PYTHONPATH=. python benchmarks/screens/free_size.py [COLOUR_FACTOR [guided|plain]]
 """
 import itertools
 import statistics
@@ -20,6 +21,7 @@ VALUES = {"shape": ("circle", "square", "triangle"), "color": ("red", "green", "
 def main() -> None:
     torch.set_num_threads(2)
     factor = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
+    form = sys.argv[2] if len(sys.argv) > 2 else "guided"
     classifier = load_model("shapes-classifier").eval()
     models = {a: cebm.load(f"shapes-{a}") for a in VALUES}
     large = []
@@ -27,9 +29,10 @@ def main() -> None:
         for va, vb in itertools.product(VALUES[a], VALUES[b]):
             terms = [(factor if name == "color" else 1.0) * models[name].condition(**{name: value})
                      for name, value in ((a, va), (b, vb))]
-            read = classifier.predict(cebm.guided(terms[0] + terms[1]).sample(32, seed=0))
+            read = classifier.predict((terms[0] + terms[1]).sample(32, seed=0, form=form))
             large.append(float((read["size"] == 1).float().mean()))
-            print(f"{va} + {vb}: large {large[-1]:.2f}", flush=True)
+            asked = float(((read[a] == VALUES[a].index(va)) & (read[b] == VALUES[b].index(vb))).float().mean())
+            print(f"{va} + {vb}: large {large[-1]:.2f}, read right {asked:.2f}", flush=True)
     print(f"share drawn large: mean {statistics.mean(large):.2f}, lowest {min(large):.2f}, highest {max(large):.2f}")
 
 
