@@ -73,6 +73,30 @@ def test_a_pixel_set_head_model_runs_its_towers_once_per_guided_term(shape):
     assert batches == [4] and heads == [4]
 
 
+@pytest.mark.parametrize("late", [{"film_blocks": 1}, {"condition_head": "projection"}], ids=["late-film", "projection"])
+def test_a_late_conditioned_model_runs_its_shared_blocks_once_per_guided_term(color, late):
+    """FiLM in the last block only, or a projection head: the blocks before the condition run once on B images,
+    the rest on 2B, and the guided energy equals the explicit formula."""
+    shape = randomize(ResNetEnergy(tiny_config(name="shape", attributes={"shape": ("circle", "square", "triangle")},
+                                               null_condition=True, **late)))
+    x, null = torch.rand(4, 3, 8, 8), torch.full((4,), NULL)
+    g = guided(color.condition(color="blue") + shape.condition(shape="circle"))
+    e_null_color, e_null = color(x, {"color": null}), shape(x, {"shape": null})
+    assert not torch.allclose(shape(x, {"shape": torch.zeros(4, dtype=torch.long)}), e_null)  # the condition acts
+    want = (e_null_color + e_null) / 2 + (color(x, {"color": torch.full((4,), 2)}) - e_null_color) + (
+        shape(x, {"shape": torch.zeros(4, dtype=torch.long)}) - e_null)
+    first, last = [], []
+    shape.towers[0].blocks[0].register_forward_hook(lambda mod, args, out: first.append(args[0].shape[0]))
+    shape.towers[0].blocks[-1].register_forward_hook(lambda mod, args, out: last.append(args[0].shape[0]))
+    torch.testing.assert_close(g(x), want, rtol=1e-5, atol=1e-6)
+    assert first == [4] and last == ([8] if "film_blocks" in late else [4])
+
+
+def test_film_blocks_beyond_the_residual_blocks_is_one_clear_error():
+    with pytest.raises(InvalidInputError, match="film_blocks must be an integer from 0"):
+        tiny_config(attributes={"shape": ("circle", "square")}, film_blocks=9)
+
+
 def test_a_models_guidance_scale_multiplies_its_terms_weight_in_the_guided_form(color, shape):
     """guided(red + circle) with the shape model's guidance_scale 2 is guided(red + 2 * circle) with scale 1."""
     x = torch.rand(4, 3, 8, 8)

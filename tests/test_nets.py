@@ -28,6 +28,9 @@ NETWORK_CONFIGS = {
     "resnet-pixel-attention-log-prob": tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
                                                    attributes={"color": ("red", "green", "blue")},
                                                    pixel_pool="attention", head_output="log_prob"),
+    "resnet-late-film": tiny_config(attributes={"shape": ("circle", "square")}, null_condition=True, film_blocks=1),
+    "resnet-projection": tiny_config(attributes={"shape": ("circle", "square")}, null_condition=True,
+                                     condition_head="projection"),
     "mlp": MLPConfig(hidden=16, depth=2),
     "mlp-conditional": MLPConfig(hidden=16, depth=2, attributes={"digit": ("0", "1")}),
 }
@@ -259,5 +262,5 @@ def test_unknown_pixel_pool_and_head_output_name_the_choices():
 
 
 def test_unknown_condition_head_names_the_choices():
-    with pytest.raises(ValueError, match=r"condition_head 'cross'.*\['film', 'pixel_set'\]"):
+    with pytest.raises(ValueError, match=r"condition_head 'cross'.*\['film', 'pixel_set', 'projection'\]"):
         tiny_config(condition_head="cross")

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composable_ebm.configs import MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_size
-from composable_ebm.energy import Energy, Labels
+from composable_ebm.energy import NULL, Energy, Labels
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.layers import Norm, ResBlock, SelfAttention, Swish, conv
 from composable_ebm.persistence import Pretrained, register
@@ -95,8 +95,11 @@ class ResNetConfig(JSONConfig):
     tell which channel is which, so it is invariant to permutations of the colour channels by construction (a
     shape model then draws a red circle as readily as the green and blue ones it was trained on, without ever
     seeing a red one). For models of attributes other than colour."""
-    condition_head: Literal["film", "pixel_set"] = "film"
-    """where the condition enters: `film` modulates every residual block; `pixel_set` leaves the towers
+    condition_head: Literal["film", "pixel_set", "projection"] = "film"
+    """where the condition enters: `film` modulates every residual block (or the last `film_blocks`);
+    `projection` leaves the blocks unconditional and adds ``-<V c, h>`` to each tower's energy, ``h`` its pooled
+    features (the projection discriminator's form, Miyato & Koyama 2018), so a guided term costs one pass of the
+    blocks; `pixel_set` leaves the towers
     unconditional and adds ``-logit_c(x)`` from a head that sees the image as a set of pixels (a 1x1-conv
     feature of each pixel, pooled over the image: `pixel_pool`), so the condition can depend on the image's colours but
     not on where they are: a colour model that cannot prefer one shape over another for a colour"""
@@ -107,6 +110,10 @@ class ResNetConfig(JSONConfig):
     that colour as much as a large one; `attention_fixed` also holds the weights constant in the image's
     gradient (they still train), so the condition's pull moves only the pixels the head attends to and cannot
     draw more of them (the background) into the colour"""
+    film_blocks: int = 0
+    """with ``condition_head = "film"``: 0 modulates every residual block; N > 0 only the last N of each tower, so
+    the condition enters late and a guided term (``E(x | c)`` and ``E(x | 0)`` together) runs the layers before
+    them once, on a batch of B instead of 2B"""
     head_output: Literal["logit", "log_prob"] = "logit"
     """what the pixel-set head adds to the towers' energy: `logit` is ``-logit_c(x)``, which keeps rewarding more
     of the colour; `log_prob` is ``-log softmax(logits)_c``, so ``p(x | c) ∝ p(x) p(c | x)`` (the classifier form
@@ -122,12 +129,17 @@ class ResNetConfig(JSONConfig):
         check_size("ResNetConfig", "groups", self.groups)
         if len(self.blocks) > 256:
             raise InvalidInputError(f"ResNetConfig.blocks holds {len(self.blocks)} blocks; at most 256")
-        if self.condition_head not in ("film", "pixel_set"):
+        if self.condition_head not in ("film", "pixel_set", "projection"):
             raise InvalidInputError(
-                f"unknown condition_head {self.condition_head!r}; valid choices: ['film', 'pixel_set']")
+                f"unknown condition_head {self.condition_head!r}; valid choices: ['film', 'pixel_set', 'projection']")
         if self.pixel_pool not in ("mean", "attention", "attention_fixed"):
             raise InvalidInputError(
                 f"unknown pixel_pool {self.pixel_pool!r}; valid choices: ['mean', 'attention', 'attention_fixed']")
+        if not isinstance(self.film_blocks, int) or isinstance(self.film_blocks, bool) or not (
+                0 <= self.film_blocks <= sum(1 for b in self.blocks if b.kind == "res")):
+            raise InvalidInputError(
+                f"ResNetConfig.film_blocks must be an integer from 0 (every residual block) to the number of residual"
+                f" blocks ({sum(1 for b in self.blocks if b.kind == 'res')}); got {self.film_blocks!r}")
         if self.head_output not in ("logit", "log_prob"):
             raise InvalidInputError(f"unknown head_output {self.head_output!r}; valid choices: ['logit', 'log_prob']")
         if self.norm not in ("group", "instance", "none"):
@@ -197,33 +209,57 @@ class ResNetTower(nn.Module):
         self.stem = conv(c.in_channels, c.stem_channels, 3, c.spectral_norm, False)
         layers: list[nn.Module] = []
         width = c.stem_channels
-        for b in blocks:
+        n_res = sum(1 for b in blocks if b.kind == "res")
+        project = c.condition_head == "projection" and cond_dim > 0
+        film_dim = 0 if project else cond_dim
+        first_film = n_res - c.film_blocks if c.film_blocks else 0  # index (among residual blocks) of the first with FiLM
+        self.shared = len(blocks)  # blocks before the first conditioned one: the same for every condition
+        seen = 0
+        for i, b in enumerate(blocks):
             if b.kind == "attention":
                 layers.append(SelfAttention(width, c.spectral_norm))
             elif b.kind == "res":
+                film = film_dim if seen >= first_film else 0
+                if film and self.shared == len(blocks):
+                    self.shared = i
                 layers.append(
                     ResBlock(
-                        width, b.channels, b.down, c.norm, c.groups, cond_dim, c.spectral_norm,
+                        width, b.channels, b.down, c.norm, c.groups, film, c.spectral_norm,
                         c.weight_standardization,
                     )
                 )
                 width = b.channels
+                seen += 1
             else:
                 raise ValueError(f"unknown block kind {b.kind!r}; valid kinds: ['res', 'attention']")
         self.blocks = nn.ModuleList(layers)
         self.act = Swish()
         self.head = nn.Linear(width, 1)
+        self.project = nn.Linear(cond_dim, width, bias=False) if project else None
         if c.spectral_norm:
             self.head = nn.utils.parametrizations.spectral_norm(self.head)
         self.num_downs = sum(1 for b in blocks if b.kind == "res" and b.down)
 
     def forward(self, x: Tensor, cond: Tensor | None) -> Tensor:
         """The tower's scalar energy of ``x`` under the condition vector ``cond``, ``(B,)``."""
+        return self.finish(self.start(x), cond)
+
+    def start(self, x: Tensor) -> Tensor:
+        """The stem and the blocks before the first conditioned one (their output does not depend on the condition)."""
         h = self.stem(x)
-        for block in self.blocks:
+        for block in self.blocks[: self.shared]:
+            h = block(h, None)
+        return h
+
+    def finish(self, h: Tensor, cond: Tensor | None) -> Tensor:
+        """The remaining blocks under ``cond``, pooling and the dense layer: ``(B,)``."""
+        for block in self.blocks[self.shared:]:
             h = block(h, cond)
         h = self.act(h).mean(dim=(2, 3))  # global mean pooling, (B, C)
-        return self.head(h).squeeze(-1)
+        out = self.head(h).squeeze(-1)
+        if self.project is not None and cond is not None:
+            out = out - (self.project(cond) * h).sum(dim=1)
+        return out
 
 
 class PixelSetHead(nn.Module):
@@ -279,7 +315,7 @@ class ResNetEnergy(Pretrained, Energy):
                     f"image_size {c.image_size} does not fit the table: the 1/{scale} tower sees {size}x{size}"
                     f" and down-samples {downs} times"
                 )
-            towers.append(ResNetTower(c, blocks, cond_dim if c.condition_head == "film" else 0))
+            towers.append(ResNetTower(c, blocks, cond_dim if c.condition_head in ("film", "projection") else 0))
         self.towers = nn.ModuleList(towers)
         self.head = PixelSetHead(c.in_channels, c.stem_channels, cond_dim, c.pixel_pool) if (
             c.condition_head == "pixel_set" and cond_dim) else None
@@ -343,7 +379,23 @@ class ResNetEnergy(Pretrained, Energy):
         return self._tower_energies(x, labels).sum(dim=1)
 
     def conditioned_and_null(self, x: Tensor, labels: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """With the pixel-set head the towers are unconditional: run them once, ``E(x | c) = E(x | 0) - logit_c``."""
+        """With the pixel-set head the towers are unconditional: run them once, ``E(x | c) = E(x | 0) - logit_c``.
+        With late FiLM (``film_blocks``) each tower runs its shared blocks once and only the rest on both halves."""
+        if self.head is None and (self.config.film_blocks or self.config.condition_head == "projection"):
+            b = x.shape[0]
+            if tuple(x.shape[1:]) != self.input_shape:
+                raise ValueError(f"{self.expression()} expects a batch of shape (B, {', '.join(map(str, self.input_shape))}),"
+                                 f" got {tuple(x.shape)}")
+            codes = self.encode_labels(labels, b, x.device)
+            cond = self.condition_vector(codes, b, x.device)
+            null = self.condition_vector({a: torch.full_like(i, NULL) for a, i in codes.items()}, b, x.device)
+            both = torch.cat([cond, null]).to(x.dtype)
+            xs = canonical_channels(x) if self.config.channel_blind else x
+            total = 0
+            for scale, tower in zip(self.config.scales, self.towers):
+                h = tower.start(F.avg_pool2d(xs, scale) if scale > 1 else xs)
+                total = total + tower.finish(torch.cat([h, h]), both)
+            return total[:b], total[b:]
         if self.head is None:
             return super().conditioned_and_null(x, labels)
         null = self(x)  # the towers' energy alone: unbound, the head is not run
