@@ -380,7 +380,8 @@ class ResNetEnergy(Pretrained, Energy):
 
     def conditioned_and_null(self, x: Tensor, labels: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """With the pixel-set head the towers are unconditional: run them once, ``E(x | c) = E(x | 0) - logit_c``.
-        With late FiLM (``film_blocks``) each tower runs its shared blocks once and only the rest on both halves."""
+        With late FiLM (``film_blocks``) or the projection head each tower runs the blocks before its condition once
+        and only the rest (for the projection: pooling and the dense layers) on both halves."""
         if self.head is None and (self.config.film_blocks or self.config.condition_head == "projection"):
             b = x.shape[0]
             if tuple(x.shape[1:]) != self.input_shape:
