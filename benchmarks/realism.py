@@ -86,17 +86,17 @@ def measure_model(model, classifier, n: int, seed: int, sampler_overrides: dict,
             more = conditioned.sample(coverage_n - n, seed=seed + 1000 + index, **sampler_overrides)
             read = torch.cat([samples, more])
         pred = classifier.predict(read)
-        others = {a: max_deviation(value_distribution(pred[a], vs), value_distribution(reference_labels[a], vs))
+        drawn = {a: value_distribution(pred[a], vs) for a, vs in classifier.config.attributes.items()}
+        others = {a: max_deviation(drawn[a], value_distribution(reference_labels[a], vs))
                   for a, vs in classifier.config.attributes.items() if a != attribute}
         blind = blind_training_mix(attribute, index, classifier.config.attributes, seed=700 + index)
-        blind_gap = {a: max_deviation(value_distribution(pred[a], vs), blind[a])
-                     for a, vs in classifier.config.attributes.items() if a != attribute}
+        blind_gap = {a: max_deviation(drawn[a], mix) for a, mix in blind.items()}
         rows.append({
             "model": model.name, "attribute": attribute, "value": value, "n": n, "coverage_n": coverage_n,
             "fid": score.fid, "fid_floor": score.fid_floor, "fid_ratio": score.fid_ratio,
             "hf_ratio": score.hf_ratio, "accuracy": float((pred[attribute] == index).float().mean()),
             "coverage_gap": others, "coverage_gap_blind": blind_gap,
-            "distribution": {a: value_distribution(pred[a], vs) for a, vs in classifier.config.attributes.items()},
+            "distribution": drawn,
             "samples": samples, "real": real[:n],
         })
         print(f"{model.name} {value}: FID ratio {score.fid_ratio:.1f} (FID {score.fid:.3g}, floor {score.fid_floor:.3g}),"

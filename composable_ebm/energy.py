@@ -552,6 +552,12 @@ class Guided(Energy):
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
         """``mean_i E_i(x | 0) + sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))`` (``s_i``: `scales`), ``(B,)``."""
+        null, guidance = self.parts(x)
+        return null + guidance
+
+    def parts(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The two halves of `energy`: ``E_0 = mean_i E_i(x | 0)`` and ``sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))``,
+        each ``(B,)``."""
         b = x.shape[0]
         nulls, guidance = [], []
         for w, term in zip((s * w for s, w in zip(self.scales, self.weights)), self.terms):
@@ -559,7 +565,7 @@ class Guided(Energy):
             cond, uncond = term.base.conditioned_and_null(x, codes)
             nulls.append(uncond)
             guidance.append(w * (cond - uncond))
-        return torch.stack(nulls).mean(dim=0) + torch.stack(guidance).sum(dim=0)
+        return torch.stack(nulls).mean(dim=0), torch.stack(guidance).sum(dim=0)
 
     def derived_sampler_config(self) -> SamplerConfig | None:
         """The first part's settings (`Energy.derived_sampler_config`)."""

@@ -14,7 +14,6 @@ import composable_ebm as cebm
 from benchmarks.composition import renders
 
 
-
 def centre_and_area(x: torch.Tensor):
     """Row and column of each image's object centre (weighted by its difference to the background), and its area."""
     diff = (x - x[:, :, :1, :1]).abs().sum(1)

@@ -18,23 +18,31 @@ from composable_ebm.persistence import load_model
 VALUES = {"shape": ("circle", "square", "triangle"), "color": ("red", "green", "blue"), "position": ("left", "right")}
 
 
+def read_free_size(classifier, models: dict, factor: float = 1.0, form: str = "guided") -> list[tuple[str, float, float]]:
+    """For each of the 21 composites: its name, the share of its 32 samples read large, and its joint accuracy."""
+    rows = []
+    for a, b in (("shape", "color"), ("shape", "position"), ("color", "position")):
+        for va, vb in itertools.product(VALUES[a], VALUES[b]):
+            terms = [(factor if name == "color" else 1.0) * models[name].condition(**{name: value})
+                     for name, value in ((a, va), (b, vb))]
+            read = classifier.predict((terms[0] + terms[1]).sample(32, seed=0, form=form))
+            large = float((read["size"] == 1).float().mean())
+            asked = float(((read[a] == VALUES[a].index(va)) & (read[b] == VALUES[b].index(vb))).float().mean())
+            rows.append((f"{va} + {vb}", large, asked))
+    return rows
+
+
 def main() -> None:
     torch.set_num_threads(2)
     factor = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
     form = sys.argv[2] if len(sys.argv) > 2 else "guided"
     classifier = load_model("shapes-classifier").eval()
     models = {a: cebm.load(f"shapes-{a}") for a in VALUES}
-    large = []
-    for a, b in (("shape", "color"), ("shape", "position"), ("color", "position")):
-        for va, vb in itertools.product(VALUES[a], VALUES[b]):
-            terms = [(factor if name == "color" else 1.0) * models[name].condition(**{name: value})
-                     for name, value in ((a, va), (b, vb))]
-            read = classifier.predict((terms[0] + terms[1]).sample(32, seed=0, form=form))
-            large.append(float((read["size"] == 1).float().mean()))
-            asked = float(((read[a] == VALUES[a].index(va)) & (read[b] == VALUES[b].index(vb))).float().mean())
-            print(f"{va} + {vb}: large {large[-1]:.2f}, read right {asked:.2f}", flush=True)
+    rows = read_free_size(classifier, models, factor, form)
+    for name, large, asked in rows:
+        print(f"{name}: large {large:.2f}, read right {asked:.2f}")
+    large = [r[1] for r in rows]
     print(f"share drawn large: mean {statistics.mean(large):.2f}, lowest {min(large):.2f}, highest {max(large):.2f}")
-
 
 if __name__ == "__main__":
     main()
