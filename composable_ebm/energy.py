@@ -102,11 +102,7 @@ class Energy(nn.Module):
 
     def forward(self, x: Tensor, labels: Labels | None = None) -> Tensor:
         """Energies of shape ``(B,)``; raises ``ValueError`` on a wrong input or output shape."""
-        if tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(
-                f"{self.expression()} expects a batch of shape (B, {', '.join(map(str, self.input_shape))}),"
-                f" got {tuple(x.shape)}"
-            )
+        self._check_batch(x)
         if labels:
             labels = self.encode_labels(labels, batch_size=x.shape[0], device=x.device)
         out = self.energy(x, labels or None)
@@ -116,6 +112,14 @@ class Energy(nn.Module):
                 f" {x.shape[0]}, got {tuple(out.shape)}"
             )
         return out
+
+    def _check_batch(self, x: Tensor) -> None:
+        """Raise ``ValueError`` unless ``x`` is a batch of this energy's input shape."""
+        if tuple(x.shape[1:]) != self.input_shape:
+            raise ValueError(
+                f"{self.expression()} expects a batch of shape (B, {', '.join(map(str, self.input_shape))}),"
+                f" got {tuple(x.shape)}"
+            )
 
     def conditioned_and_null(self, x: Tensor, labels: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """``E(x | labels)`` and ``E(x | 0)`` (every attribute unbound), each ``(B,)``, for guided composition.

@@ -294,12 +294,19 @@ def test_one_recipe_trains_to_bit_identical_weights(tmp_path):
     assert a != (tmp_path / "c" / "model" / "model.safetensors").read_bytes()
 
 
-def test_resume_refuses_a_changed_recipe_naming_the_keys(tmp_path):
+def _trained_and_changed(tmp_path, old: str, new: str):
+    """The toy recipe trained into ``tmp_path / "run"``, and the same recipe with ``old`` replaced by ``new``."""
     recipe = tmp_path / "toy.toml"
     recipe.write_text(TOY.format(seed=3))
     assert _train(recipe, tmp_path / "run").exit_code == 0
     changed = tmp_path / "changed.toml"
-    changed.write_text(TOY.format(seed=3).replace("batch_size = 16", "batch_size = 8"))
+    assert old in TOY
+    changed.write_text(TOY.format(seed=3).replace(old, new))
+    return recipe, changed
+
+
+def test_resume_refuses_a_changed_recipe_naming_the_keys(tmp_path):
+    recipe, changed = _trained_and_changed(tmp_path, "batch_size = 16", "batch_size = 8")
     result = _train(changed, tmp_path / "run", "--steps", "6")
     assert result.exit_code == 2
     assert "batch_size (16 -> 8)" in result.output and "--allow-config-change" in result.output
@@ -314,11 +321,7 @@ def test_resume_refuses_a_changed_recipe_naming_the_keys(tmp_path):
 
 def test_an_allowed_resume_takes_a_checkpoint_with_another_buffer_size(tmp_path):
     # e.g. a CPU run resumed on a GPU with more chains and a smaller buffer (chains start from noise)
-    recipe = tmp_path / "toy.toml"
-    recipe.write_text(TOY.format(seed=3))
-    assert _train(recipe, tmp_path / "run").exit_code == 0
-    small = tmp_path / "small.toml"
-    small.write_text(TOY.format(seed=3).replace("buffer_size = 64", "buffer_size = 20"))
+    _, small = _trained_and_changed(tmp_path, "buffer_size = 64", "buffer_size = 20")
     refused = _train(small, tmp_path / "run", "--steps", "6")
     assert refused.exit_code == 2 and "buffer_size (" in refused.output
     allowed = _train(small, tmp_path / "run", "--steps", "6", "--allow-config-change")

@@ -135,11 +135,11 @@ class ResNetConfig(JSONConfig):
         if self.pixel_pool not in ("mean", "attention", "attention_fixed"):
             raise InvalidInputError(
                 f"unknown pixel_pool {self.pixel_pool!r}; valid choices: ['mean', 'attention', 'attention_fixed']")
-        if not isinstance(self.film_blocks, int) or isinstance(self.film_blocks, bool) or not (
-                0 <= self.film_blocks <= sum(1 for b in self.blocks if b.kind == "res")):
+        n_res = sum(1 for b in self.blocks if b.kind == "res")
+        if not isinstance(self.film_blocks, int) or isinstance(self.film_blocks, bool) or not 0 <= self.film_blocks <= n_res:
             raise InvalidInputError(
                 f"ResNetConfig.film_blocks must be an integer from 0 (every residual block) to the number of residual"
-                f" blocks ({sum(1 for b in self.blocks if b.kind == 'res')}); got {self.film_blocks!r}")
+                f" blocks ({n_res}); got {self.film_blocks!r}")
         if self.head_output not in ("logit", "log_prob"):
             raise InvalidInputError(f"unknown head_output {self.head_output!r}; valid choices: ['logit', 'log_prob']")
         if self.norm not in ("group", "instance", "none"):
@@ -359,19 +359,19 @@ class ResNetEnergy(Pretrained, Energy):
             labels = self.encode_labels(labels, x.shape[0], x.device)
         return self._tower_energies(x, labels or None)
 
-    def _tower_energies(self, x: Tensor, labels: Labels | None) -> Tensor:
-        raw = x
+    def _tower_inputs(self, x: Tensor) -> list[Tensor]:
+        """What each tower sees: ``x`` (channels in canonical order when channel-blind) pooled to its scale."""
         if self.config.channel_blind:
             x = canonical_channels(x)
+        return [F.avg_pool2d(x, scale) if scale > 1 else x for scale in self.config.scales]
+
+    def _tower_energies(self, x: Tensor, labels: Labels | None) -> Tensor:
         cond = self.condition_vector(labels or None, x.shape[0], x.device)
         if cond is not None:
             cond = cond.to(x.dtype)
-        outs = []
-        for scale, tower in zip(self.config.scales, self.towers):
-            xs = F.avg_pool2d(x, scale) if scale > 1 else x
-            outs.append(tower(xs, cond if self.head is None else None))
+        outs = [tower(xs, cond if self.head is None else None) for xs, tower in zip(self._tower_inputs(x), self.towers)]
         if self.head is not None and labels:  # the condition's term joins the first tower's energy (none when unbound)
-            outs[0] = outs[0] + self._head_energy(raw, cond)
+            outs[0] = outs[0] + self._head_energy(x, cond)
         return torch.stack(outs, dim=1)
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
@@ -383,18 +383,15 @@ class ResNetEnergy(Pretrained, Energy):
         With late FiLM (``film_blocks``) or the projection head each tower runs the blocks before its condition once
         and only the rest (for the projection: pooling and the dense layers) on both halves."""
         if self.head is None and (self.config.film_blocks or self.config.condition_head == "projection"):
+            self._check_batch(x)
             b = x.shape[0]
-            if tuple(x.shape[1:]) != self.input_shape:
-                raise ValueError(f"{self.expression()} expects a batch of shape (B, {', '.join(map(str, self.input_shape))}),"
-                                 f" got {tuple(x.shape)}")
             codes = self.encode_labels(labels, b, x.device)
             cond = self.condition_vector(codes, b, x.device)
             null = self.condition_vector({a: torch.full_like(i, NULL) for a, i in codes.items()}, b, x.device)
             both = torch.cat([cond, null]).to(x.dtype)
-            xs = canonical_channels(x) if self.config.channel_blind else x
             total = 0
-            for scale, tower in zip(self.config.scales, self.towers):
-                h = tower.start(F.avg_pool2d(xs, scale) if scale > 1 else xs)
+            for xs, tower in zip(self._tower_inputs(x), self.towers):
+                h = tower.start(xs)
                 total = total + tower.finish(torch.cat([h, h]), both)
             return total[:b], total[b:]
         if self.head is None:
