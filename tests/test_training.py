@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from composable_ebm.errors import InvalidInputError
 from composable_ebm.images import as_float_images
 from composable_ebm import MLPConfig, MLPEnergy, ResNetEnergy
 from composable_ebm.sampling import SamplerConfig
@@ -200,6 +201,26 @@ def test_each_langevin_step_is_computed_once(kl):
     trainer = Trainer(model, torch.randn(32, 2), cfg)
     trainer.train_step()
     assert CountingEnergy.grad_calls == 7
+
+
+def test_chain_steps_max_draws_each_iterations_chain_length_from_the_range_with_the_runs_generator():
+    def lengths(seed: int, iterations: int = 40) -> list[int]:
+        model = CountingEnergy(MLPConfig(hidden=8, depth=2))
+        cfg = TrainerConfig(steps=iterations, batch_size=4, sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=3),
+                            chain_steps_max=6, chain_augment=None, kl_ent=False, log_every=1000, seed=seed)
+        trainer = Trainer(model, torch.randn(32, 2), cfg)
+        out = []
+        for _ in range(iterations):
+            CountingEnergy.grad_calls = 0
+            trainer.train_step()
+            out.append(CountingEnergy.grad_calls)
+        return out
+
+    drawn = lengths(0)
+    assert set(drawn) == {3, 4, 5, 6}  # every length of the range, and nothing outside it
+    assert drawn == lengths(0) and drawn != lengths(1)  # drawn from the run's seeded generator
+    with pytest.raises(InvalidInputError, match=r"chain_steps_max must be between sampler.steps \(3\)"):
+        TrainerConfig(sampler=SamplerConfig(step_size=0.1, steps=3), chain_steps_max=2)
 
 
 # ----------------------------------------------------------------------------- trainer

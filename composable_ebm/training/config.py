@@ -36,6 +36,10 @@ class TrainerConfig(JSONConfig):
     """decay min(ema_decay, (1 + t) / (10 + t)) at step t, so the EMA is useful early"""
     sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(step_size=500.0, noise=0.001, steps=40))
     """The training chains: `steps` K (Langevin steps per iteration), step size and noise; Langevin only."""
+    chain_steps_max: int | None = None
+    """Each iteration's chains run a number of steps drawn uniformly from ``sampler.steps`` to this (inclusive), so
+    the model learns samples that look like its data however long a chain has run, not only after exactly K steps
+    (short-run chains trained at one length draw another mix of objects ten steps either side of it). None: K."""
     chain_augment: AugmentConfig | None = field(default_factory=lambda: AugmentConfig(crop_scale=(0.02, 1.0)))
     """Augmentation of chain starts drawn from the buffer; `false` in a recipe turns it off."""
     data_augment: AugmentConfig | None = None
@@ -95,6 +99,12 @@ class TrainerConfig(JSONConfig):
                 f"training chains use method 'langevin' (the KL loss differentiates through a Langevin step),"
                 f" got {self.sampler.method!r}; MALA is for sampling"
             )
+        if self.chain_steps_max is not None and not self.sampler.steps <= self.chain_steps_max <= 1 << 24:
+            raise InvalidInputError(
+                f"TrainerConfig.chain_steps_max must be between sampler.steps ({self.sampler.steps}) and {1 << 24},"
+                f" got {self.chain_steps_max!r}")
+        if self.chain_steps_max is not None and self.sampler.rounds != 1:
+            raise InvalidInputError("TrainerConfig.chain_steps_max needs sampler.rounds = 1 (one round of steps)")
         if self.sampler.augment is not None:
             raise InvalidInputError(
                 "TrainerConfig.sampler.augment is set, but a training chain takes one augmentation: chain_augment,"

@@ -17,6 +17,8 @@ last good checkpoint with a new seed. NaNs are never replaced.
 
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 import math
 import os
@@ -201,6 +203,9 @@ class Trainer(TrainingState):
         if cfg.chain_augment is not None:
             x = augment(x, cfg.chain_augment, self.generator)
         labels = neg_labels or None
+        if cfg.chain_steps_max is not None:  # this iteration's chain length, from the run's generator (resumable)
+            k = int(torch.randint(s.steps, cfg.chain_steps_max + 1, (1,), generator=self.generator, device=self.device))
+            s = dataclasses.replace(s, steps=k)
         # every step but the last through the sampler's chain code; the last runs in the objective, once
         x = run_chain(model, x, s, self.generator, labels, num_steps=s.total_steps - 1).x
         bank = None
