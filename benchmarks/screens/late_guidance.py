@@ -12,6 +12,7 @@ VARIANT for the last LATE of the 60 steps: ``unit`` (the guided form with every 
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
@@ -54,7 +55,7 @@ def main() -> None:
     Guided.energy = energy
     classifier = load_model("shapes-classifier").eval()
     models = {a: cebm.load(f"shapes-{a}") for a in ("shape", "color", "size", "position")}
-    base = {r["index"]: r for r in json.load(open("runs/composition/composition.json"))["rows"]["guided"]}
+    base = {r["index"]: r for r in json.loads(Path("runs/composition/composition.json").read_text())["rows"]["guided"]}
     rows = []
     for i, target in enumerate(t for arity in (2, 3, 4) for t in conjunctions(arity)):
         if i % every:

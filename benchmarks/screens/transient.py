@@ -49,7 +49,7 @@ def main() -> None:
                                ("guided(circle + right)", circle + right, "guided")]:
         trace = []
 
-        def every_tenth(d: dict) -> None:
+        def every_tenth(d: dict, trace: list = trace) -> None:
             if d["step"] % 10 == 0:
                 trace.append(f"{d['step']}: {area(d['x']).mean():.0f}")
 

@@ -17,9 +17,8 @@ last good checkpoint with a new seed. NaNs are never replaced.
 
 from __future__ import annotations
 
-import dataclasses
-
 import copy
+import dataclasses
 import math
 import os
 import time
