@@ -48,6 +48,8 @@ def posterior_parts(self, x, scale: float = 1.0, mixture: bool = False):
 def main() -> None:
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
     form, n, every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    if form not in ("ratio", "posterior", "mixture"):
+        raise SystemExit(f"unknown form {form!r}; valid: mixture, posterior, ratio")
     arities = [int(a) for a in (sys.argv[4] if len(sys.argv) > 4 else "2,3,4").split(",")]
     scale = float(sys.argv[5]) if len(sys.argv) > 5 else 1.0
     if form in ("posterior", "mixture"):
