@@ -219,8 +219,9 @@ def test_chain_steps_max_draws_each_iterations_chain_length_from_the_range_with_
     drawn = lengths(0)
     assert set(drawn) == {3, 4, 5, 6}  # every length of the range, and nothing outside it
     assert drawn == lengths(0) and drawn != lengths(1)  # drawn from the run's seeded generator
-    with pytest.raises(InvalidInputError, match=r"chain_steps_max must be between sampler.steps \(3\)"):
-        TrainerConfig(sampler=SamplerConfig(step_size=0.1, steps=3), chain_steps_max=2)
+    for bad in (2, 4.5, True):  # below sampler.steps, not an integer
+        with pytest.raises(InvalidInputError, match=rf"chain_steps_max must be an integer in \[3, 16777216\], got {bad!r}"):
+            TrainerConfig(sampler=SamplerConfig(step_size=0.1, steps=3), chain_steps_max=bad)
 
 
 # ----------------------------------------------------------------------------- trainer

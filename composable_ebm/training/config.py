@@ -99,12 +99,6 @@ class TrainerConfig(JSONConfig):
                 f"training chains use method 'langevin' (the KL loss differentiates through a Langevin step),"
                 f" got {self.sampler.method!r}; MALA is for sampling"
             )
-        if self.chain_steps_max is not None and not self.sampler.steps <= self.chain_steps_max <= 1 << 24:
-            raise InvalidInputError(
-                f"TrainerConfig.chain_steps_max must be between sampler.steps ({self.sampler.steps}) and {1 << 24},"
-                f" got {self.chain_steps_max!r}")
-        if self.chain_steps_max is not None and self.sampler.rounds != 1:
-            raise InvalidInputError("TrainerConfig.chain_steps_max needs sampler.rounds = 1 (one round of steps)")
         if self.sampler.augment is not None:
             raise InvalidInputError(
                 "TrainerConfig.sampler.augment is set, but a training chain takes one augmentation: chain_augment,"
@@ -134,6 +128,10 @@ class TrainerConfig(JSONConfig):
         check_size(owner, "ent_min_buffer", self.ent_min_buffer, low=0, high=1 << 24)
         check_size(owner, "max_rollbacks", self.max_rollbacks, low=0, high=1000)
         check_size(owner, "steps", self.steps, low=0, high=1 << 40)
+        if self.chain_steps_max is not None:  # from sampler.steps up, within the sampler's own bound on steps
+            check_size(owner, "chain_steps_max", self.chain_steps_max, low=self.sampler.steps, high=1 << 24)
+            if self.sampler.rounds != 1:
+                raise InvalidInputError("TrainerConfig.chain_steps_max needs sampler.rounds = 1 (one round of steps)")
         check_size(owner, "log_every", self.log_every, high=1 << 40)
         check_size(owner, "checkpoint_every", self.checkpoint_every, high=1 << 40)
         if self.on_fault not in ("rollback", "stop"):
