@@ -562,14 +562,20 @@ class Guided(Energy):
     def parts(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The two halves of `energy`: ``E_0 = mean_i E_i(x | 0)`` and ``sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))``,
         each ``(B,)``."""
-        b = x.shape[0]
         nulls, guidance = [], []
-        for w, term in zip((s * w for s, w in zip(self.scales, self.weights)), self.terms):
-            codes = {attr: torch.as_tensor(value, device=x.device).long().expand(b) for attr, value in term.bound.items()}
-            cond, uncond = term.base.conditioned_and_null(x, codes)
+        for w, (cond, uncond) in zip((s * w for s, w in zip(self.scales, self.weights)), self.term_energies(x)):
             nulls.append(uncond)
             guidance.append(w * (cond - uncond))
         return torch.stack(nulls).mean(dim=0), torch.stack(guidance).sum(dim=0)
+
+    def term_energies(self, x: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Each term's ``(E_i(x | c_i), E_i(x | 0))``, each ``(B,)``, from one network call per term."""
+        b = x.shape[0]
+        out = []
+        for term in self.terms:
+            codes = {attr: torch.as_tensor(value, device=x.device).long().expand(b) for attr, value in term.bound.items()}
+            out.append(term.base.conditioned_and_null(x, codes))
+        return out
 
     def derived_sampler_config(self) -> SamplerConfig | None:
         """The first part's settings (`Energy.derived_sampler_config`)."""

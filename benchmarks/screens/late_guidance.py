@@ -38,11 +38,8 @@ def main() -> None:
         calls[0] += 1
         if t < CHAIN - late or variant == "base":
             return library_energy(self, x, labels)
-        b = x.shape[0]
         nulls, conds, diffs = [], [], []
-        for w, term in zip(self.weights, self.terms):
-            codes = {a: torch.as_tensor(v, device=x.device).long().expand(b) for a, v in term.bound.items()}
-            cond, null = term.base.conditioned_and_null(x, codes)
+        for w, (cond, null) in zip(self.weights, self.term_energies(x)):
             nulls.append(null)
             conds.append(cond)
             diffs.append(w * (cond - null))
