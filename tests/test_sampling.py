@@ -118,6 +118,38 @@ def test_flip_only_mirrors_every_image():
     torch.testing.assert_close(augment(x, cfg, torch.Generator().manual_seed(0)), x.flip(-1), atol=1e-5, rtol=0)
 
 
+def _square(size: int = 32, half: int = 6) -> torch.Tensor:
+    """A flat square on a flat background, centred: ``(1, 3, size, size)``."""
+    x = torch.full((1, 3, size, size), 0.1)
+    x[..., size // 2 - half:size // 2 + half, size // 2 - half:size // 2 + half] = 0.9
+    return x
+
+
+def _object_area(x: torch.Tensor) -> torch.Tensor:
+    return (x.mean(1) > 0.5).float().sum((1, 2))
+
+
+def test_a_crop_area_above_one_zooms_out_keeping_the_background():
+    x = _square()
+    cfg = AugmentConfig(color_prob=0.0, grayscale_prob=0.0, flip_prob=0.0, crop_scale=(4.0, 4.0), crop_ratio=(1.0, 1.0))
+    out = augment(x.expand(8, 3, 32, 32), cfg, torch.Generator().manual_seed(0))
+    # a frame of twice the image's side: the 12-pixel square becomes 6 pixels wide, the rest is the border's grey
+    assert torch.allclose(_object_area(out), torch.full((8,), 36.0), atol=8)
+    assert torch.allclose(out[..., 0, :], torch.full_like(out[..., 0, :], 0.1))
+    with pytest.raises(ValueError, match=r"crop_scale must satisfy 0 < low <= high <= 16, got \(0.5, 20.0\)"):
+        AugmentConfig(crop_scale=(0.5, 20.0))
+
+
+@pytest.mark.parametrize("log_scale, zoomed_out", [(True, 0.5), (False, 0.8)])
+def test_crop_log_scale_zooms_in_as_often_as_out(log_scale, zoomed_out):
+    """Areas in [1/4, 4]: log-uniform, half the frames are larger than the image; uniform, (4 - 1) / 3.75 = 0.8."""
+    x = _square().expand(2000, 3, 32, 32)
+    cfg = AugmentConfig(color_prob=0.0, grayscale_prob=0.0, flip_prob=0.0, crop_scale=(0.25, 4.0),
+                        crop_ratio=(1.0, 1.0), crop_log_scale=log_scale)
+    smaller = (_object_area(augment(x, cfg, torch.Generator().manual_seed(0))) < 144).float().mean().item()
+    assert abs(smaller - zoomed_out) < 0.04
+
+
 def test_grayscale_only_makes_channels_equal():
     x = torch.rand(5, 3, 8, 8)
     cfg = AugmentConfig(color_prob=0.0, grayscale_prob=1.0, flip_prob=0.0, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0))

@@ -388,6 +388,24 @@ def test_data_start_prob_starts_that_share_of_chains_from_training_images(p):
     assert torch.equal(run_under["color"], labels["color"])  # they run under the positives' condition
 
 
+def test_chain_augmentation_moves_the_starts_from_the_buffer_and_leaves_fresh_noise_alone():
+    from composable_ebm.sampling import AugmentConfig
+
+    model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")}))
+    zoom = AugmentConfig(color_prob=0.0, grayscale_prob=0.0, flip_prob=0.0, crop_scale=(0.02, 0.02), crop_ratio=(1.0, 1.0))
+    trainer = Trainer(model, Data(), small_config(reinit_prob=0.5, batch_size=400, buffer_size=400, chain_augment=zoom))
+    stripes = torch.zeros(400, 3, 8, 8)
+    stripes[..., ::2] = 1.0  # one-pixel stripes: a crop of 1.1 pixels square zooms them into a smooth ramp
+    trainer.buffer.add(stripes, {"color": torch.zeros(400, dtype=torch.long)}, trainer.generator)
+    _, labels = trainer._positives(400)
+    starts, _ = trainer._chain_starts(400, labels)
+    step = (starts[..., 1:] - starts[..., :-1]).abs().flatten(1).mean(1)  # per start: mean horizontal difference
+    fresh = step > 0.2  # uniform noise: 1/3; a zoomed stripe changes far less per pixel
+    assert abs(fresh.float().mean().item() - 0.5) < 0.08
+    assert (step[fresh] - 1 / 3).abs().max() < 0.08  # noise as drawn (zoomed as far: under 0.1)
+    assert (step[~fresh] < 0.15).all()  # every buffer start took the zoom (unzoomed stripes: 1.0)
+
+
 def test_a_training_chain_takes_one_augmentation_setting():
     from composable_ebm.errors import InvalidInputError
     from composable_ebm.sampling import AugmentConfig

@@ -50,9 +50,13 @@ class AugmentConfig:
     flip_prob: float = 0.5
     """probability of a horizontal flip per image"""
     crop_scale: tuple[float, float] = (0.08, 1.0)
-    """area fraction of the random resized crop (paper: 0.02-1 at 32px)"""
+    """area fraction of the random resized crop (paper: 0.02-1 at 32px); above 1 the frame is larger than the
+    image and zooms out, what lies outside the image repeating its border pixels (at most 16)"""
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     """aspect-ratio range of the crop"""
+    crop_log_scale: bool = False
+    """draw the crop's area log-uniformly in ``crop_scale`` (zooming in by a factor as likely as out by it over
+    ``[1 / a, a]``), not uniformly (torchvision's RandomResizedCrop)"""
     blur_prob: float = 0.0
     """probability of Gaussian blur (authors' CelebA setting: 0.5)"""
     blur_sigma: tuple[float, float] = (0.1, 2.0)
@@ -64,8 +68,8 @@ class AugmentConfig:
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
         lo, hi = self.crop_scale
-        if not 0.0 < lo <= hi <= 1.0:
-            raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
+        if not 0.0 < lo <= hi <= 16.0:
+            raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 16, got {self.crop_scale}")
         if not 0.0 < self.crop_ratio[0] <= self.crop_ratio[1]:
             raise ValueError(f"crop_ratio must satisfy 0 < low <= high, got {self.crop_ratio}")
         if not 0.0 <= self.color_strength <= 16.0:  # also refuses nan, which switched jitter off silently
@@ -163,14 +167,20 @@ def permute_channels(x: Tensor, cfg: AugmentConfig, generator: torch.Generator) 
 
 
 def resized_crop_and_flip(x: Tensor, cfg: AugmentConfig, generator: torch.Generator) -> Tensor:
-    """Random resized crop (area in ``crop_scale``, aspect in ``crop_ratio``) and horizontal flip, one resampling."""
+    """Random resized crop (area in ``crop_scale``, aspect in ``crop_ratio``; an area above 1 zooms out) and
+    horizontal flip, one resampling."""
     b, device = x.shape[0], x.device
-    area = _uniform(b, *cfg.crop_scale, generator, device)
+    if cfg.crop_log_scale:
+        area = torch.exp(_uniform(b, math.log(cfg.crop_scale[0]), math.log(cfg.crop_scale[1]), generator, device))
+    else:
+        area = _uniform(b, *cfg.crop_scale, generator, device)
     log_ratio = _uniform(b, math.log(cfg.crop_ratio[0]), math.log(cfg.crop_ratio[1]), generator, device)
     ratio = torch.exp(log_ratio)
-    w = torch.sqrt(area * ratio).clamp(max=1.0)  # crop width / image width
-    h = torch.sqrt(area / ratio).clamp(max=1.0)
-    cx = (1 - w) * (2 * torch.rand(b, generator=generator, device=device) - 1)  # centre in [-1, 1] coords
+    side = area.sqrt().clamp(min=1.0)  # a crop stays inside the image; a zoomed-out frame is a square around it
+    w = torch.minimum(torch.sqrt(area * ratio), side)  # frame width / image width
+    h = torch.minimum(torch.sqrt(area / ratio), side)
+    # centre in [-1, 1] coordinates: a crop lies inside the image, a larger frame holds the whole image
+    cx = (1 - w) * (2 * torch.rand(b, generator=generator, device=device) - 1)
     cy = (1 - h) * (2 * torch.rand(b, generator=generator, device=device) - 1)
     flip = torch.where(_bernoulli(b, cfg.flip_prob, generator, device), -1.0, 1.0)
     theta = torch.zeros(b, 2, 3, device=device, dtype=x.dtype)

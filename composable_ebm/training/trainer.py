@@ -165,7 +165,8 @@ class Trainer(TrainingState):
     def _chain_starts(self, n: int, pos_labels: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """Chain starts and the labels their chains run under.
 
-        Starts are buffer samples, or fresh uniform noise with probability ``reinit_prob``.
+        Starts are buffer samples, each through one ``chain_augment`` transition, or fresh uniform noise with
+        probability ``reinit_prob`` (never augmented: a crop of noise is smoother noise than sampling starts from).
         By default every chain runs under the labels of the positive it is paired with (the
         authors' Algorithm 1), so the label mix of the negatives is the data's and a sample
         made under one label is often restarted under another. ``negative_labels="buffer"``
@@ -177,6 +178,8 @@ class Trainer(TrainingState):
             return self._from_data(noise), dict(pos_labels)
         old, old_labels = self.buffer.sample(n, self.generator)
         fresh = torch.rand(n, generator=self.generator, device=self.device) < self.config.reinit_prob
+        if self.config.chain_augment is not None:  # a transition of the chains continued from the buffer only
+            old = augment(old, self.config.chain_augment, self.generator)
         shape = (-1,) + (1,) * (noise.ndim - 1)
         x = self._from_data(torch.where(fresh.view(shape), noise, old))
         if self.config.negative_labels == "positives":
@@ -199,8 +202,6 @@ class Trainer(TrainingState):
         model = self.energy
         x_pos, pos_labels = self._positives(cfg.batch_size)
         x, neg_labels = self._chain_starts(cfg.batch_size, pos_labels)
-        if cfg.chain_augment is not None:
-            x = augment(x, cfg.chain_augment, self.generator)
         labels = neg_labels or None
         if cfg.chain_steps_max is not None:  # this iteration's chain length, from the run's generator (resumable)
             k = int(torch.randint(s.steps, cfg.chain_steps_max + 1, (1,), generator=self.generator, device=self.device))
