@@ -176,7 +176,7 @@ def resized_crop_and_flip(x: Tensor, cfg: AugmentConfig, generator: torch.Genera
         area = _uniform(b, *cfg.crop_scale, generator, device)
     log_ratio = _uniform(b, math.log(cfg.crop_ratio[0]), math.log(cfg.crop_ratio[1]), generator, device)
     ratio = torch.exp(log_ratio)
-    side = area.sqrt().clamp(min=1.0)  # a crop stays inside the image; a zoomed-out frame is a square around it
+    side = area.sqrt().clamp(min=1.0)  # a crop's sides stay within the image's; a larger frame's within sqrt(area)
     w = torch.minimum(torch.sqrt(area * ratio), side)  # frame width / image width
     h = torch.minimum(torch.sqrt(area / ratio), side)
     # centre in [-1, 1] coordinates: a crop lies inside the image, a larger frame holds the whole image
