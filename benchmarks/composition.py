@@ -77,6 +77,26 @@ def renders(target: dict[str, str], n: int, seed: int) -> torch.Tensor:
     return images[:n]
 
 
+def table(every: int = 1) -> list[tuple[int, dict[str, str]]]:
+    """Every ``every``-th composite of the whole table (2, 3 and 4 attributes) with its index, which seeds its
+    samples and renders."""
+    targets = [t for arity in (2, 3, 4) for t in conjunctions(arity)]
+    return [(i, t) for i, t in enumerate(targets) if i % every == 0]
+
+
+def table_renders(target: dict[str, str], index: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The realism measure's renders for composite ``index`` read from ``n`` samples: 500 reference renders and
+    ``4 n`` real ones, each from a seed of its own."""
+    return renders(target, 500, seed=300 + index), renders(target, 4 * n, seed=400 + index)
+
+
+def read_composite(samples: torch.Tensor, target: dict[str, str], index: int, classifier, reference=None):
+    """Compositional accuracy and realism of one composite's samples, as the table reads them; ``reference``:
+    its `table_renders`, when already drawn."""
+    ref, real = reference or table_renders(target, index, samples.shape[0])
+    return compositional_accuracy(samples, classifier, target), realism(samples, real, ref, classifier.features)
+
+
 def leak_note(folder: Path) -> str:
     """Whether the measured models' recipes (in ``folder``) let an augmentation of their positives draw a held-out
     red circle (an RGB channel permutation of a green or blue circle does)."""
@@ -166,12 +186,10 @@ def main() -> None:
                 continue
             text = expression(target, form)
             samples = parse(text).sample(n, seed=i, form="plain")  # as written: the guided rows say guided(...)
-            score = compositional_accuracy(samples, classifier, target)
             key = json.dumps(target, sort_keys=True)
             if key not in reference:
-                reference[key] = (renders(target, 500, seed=300 + i), renders(target, 4 * n, seed=400 + i))
-            ref, real = reference[key]
-            r = realism(samples, real, ref, classifier.features)
+                reference[key] = table_renders(target, i, n)
+            score, r = read_composite(samples, target, i, classifier, reference[key])
             rows.append({"index": i, "expression": text, "target": target, "arity": len(target),
                          "held_out": held_out(target), "per_attribute": score.per_attribute, "joint": score.joint,
                          "n": n, "fid_ratio": r.fid_ratio, "hf_ratio": r.hf_ratio})

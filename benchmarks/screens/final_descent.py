@@ -13,9 +13,8 @@ from pathlib import Path
 import torch
 
 import composable_ebm as cebm
-from benchmarks.composition import conjunctions, renders
-from composable_ebm import compositional_accuracy, guided
-from composable_ebm.evaluation.realism import realism
+from benchmarks.composition import read_composite, table
+from composable_ebm import guided
 from composable_ebm.persistence import load_model
 
 
@@ -26,17 +25,15 @@ def main() -> None:
     models = {a: cebm.load(f"shapes-{a}") for a in ("shape", "color", "size", "position")}
     base = {r["index"]: r for r in json.loads(Path("runs/composition/composition.json").read_text())["rows"]["guided"]}
     rows = []
-    for i, target in enumerate(t for arity in (2, 3, 4) for t in conjunctions(arity)):
-        if i % every:
-            continue
+    for i, target in table(every):
         terms = [models[a].condition(**{a: v}) for a, v in target.items()]
         composite = sum(terms[1:], terms[0])
         x = composite.sample(64, seed=i)  # the library's default: the guided form
         energy = guided(composite)
         for _ in range(k):
             x = (x - step * energy.energy_and_grad(x)[1]).clamp(0, 1)
-        joint = compositional_accuracy(x, classifier, target).joint
-        r = realism(x, renders(target, 256, seed=400 + i), renders(target, 500, seed=300 + i), classifier.features)
+        score, r = read_composite(x, target, i, classifier)
+        joint = score.joint
         rows.append((joint, r.fid_ratio, r.hf_ratio, base[i]["joint"], base[i]["fid_ratio"], base[i]["hf_ratio"]))
         print(f"{i} {target}: joint {joint:.3f} (library {base[i]['joint']:.3f}), FID ratio {r.fid_ratio:.1f} (library"
               f" {base[i]['fid_ratio']:.1f}), HF ratio {r.hf_ratio:.2f} (library {base[i]['hf_ratio']:.2f})", flush=True)

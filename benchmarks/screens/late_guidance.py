@@ -18,9 +18,8 @@ from pathlib import Path
 import torch
 
 import composable_ebm as cebm
-from benchmarks.composition import conjunctions, renders
-from composable_ebm import Guided, compositional_accuracy
-from composable_ebm.evaluation.realism import realism
+from benchmarks.composition import read_composite, table
+from composable_ebm import Guided
 from composable_ebm.persistence import load_model
 
 CHAIN = 60  # the bundled models' steps; the guided energy is evaluated once per step and once at the start
@@ -59,14 +58,12 @@ def main() -> None:
     models = {a: cebm.load(f"shapes-{a}") for a in ("shape", "color", "size", "position")}
     base = {r["index"]: r for r in json.loads(Path("runs/composition/composition.json").read_text())["rows"]["guided"]}
     rows = []
-    for i, target in enumerate(t for arity in (2, 3, 4) for t in conjunctions(arity)):
-        if i % every:
-            continue
+    for i, target in table(every):
         terms = [models[a].condition(**{a: v}) for a, v in target.items()]
         calls[0] = 0
         x = sum(terms[1:], terms[0]).sample(64, seed=i)
-        joint = compositional_accuracy(x, classifier, target).joint
-        r = realism(x, renders(target, 256, seed=400 + i), renders(target, 500, seed=300 + i), classifier.features)
+        score, r = read_composite(x, target, i, classifier)
+        joint = score.joint
         rows.append((joint, r.fid_ratio, base[i]["joint"], base[i]["fid_ratio"]))
         print(f"{i} {target}: joint {joint:.3f} (library {base[i]['joint']:.3f}), FID ratio {r.fid_ratio:.1f} (library"
               f" {base[i]['fid_ratio']:.1f}), HF ratio {r.hf_ratio:.2f}", flush=True)

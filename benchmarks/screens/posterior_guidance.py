@@ -21,10 +21,9 @@ import sys
 
 import torch
 
-from benchmarks.composition import ATTRIBUTES, conjunctions, expression, renders
-from composable_ebm import Guided, compositional_accuracy
+from benchmarks.composition import ATTRIBUTES, expression, read_composite, table
+from composable_ebm import Guided
 from composable_ebm.energy import NULL
-from composable_ebm.evaluation.realism import realism
 from composable_ebm.expression import parse_expression
 from composable_ebm.persistence import BUNDLED_DIR, load_model
 
@@ -56,15 +55,13 @@ def main() -> None:
         Guided.parts = lambda self, x: posterior_parts(self, x, scale, form == "mixture")
     models = {a: load_model(BUNDLED_DIR / f"shapes-{a}") for a in ATTRIBUTES}
     classifier = load_model(BUNDLED_DIR / "shapes-classifier").eval()
-    targets = [t for arity in (2, 3, 4) for t in conjunctions(arity)]
     rows = []
-    for i, target in enumerate(targets):
-        if len(target) not in arities or i % every:
+    for i, target in table(every):
+        if len(target) not in arities:
             continue
         text = expression(target, "guided")
         samples = parse_expression(text, lambda name: models[name]).sample(n, seed=i, form="plain")
-        score = compositional_accuracy(samples, classifier, target)
-        r = realism(samples, renders(target, 4 * n, seed=400 + i), renders(target, 500, seed=300 + i), classifier.features)
+        score, r = read_composite(samples, target, i, classifier)
         read = classifier.predict(samples)
         free = {a: round(float((read[a] == 1).float().mean()), 2) for a in ("size", "position") if a not in target}
         rows.append({"index": i, "arity": len(target), "joint": score.joint, "fid_ratio": r.fid_ratio,
