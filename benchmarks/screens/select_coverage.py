@@ -2,7 +2,10 @@
 --watch`` keeps them), each value's accuracy and largest coverage gap of 256 samples and the FID ratio of 64, measured
 with a seed the reported benchmarks do not use (they use 0), so the choice is not fitted to the numbers we publish.
 
-    PYTHONPATH=. python benchmarks/screens/select_coverage.py RECIPE SEED RUN:STEP [RUN:STEP ...]
+    PYTHONPATH=. python benchmarks/screens/select_coverage.py RECIPE SEED RUN:STEP [RUN:STEP ...] [--steps K]
+
+``--steps K`` samples every snapshot with K Langevin steps instead of its recipe's (a model trained on chains of
+varied length can be sampled at any length in that range).
 
 Prints one row per snapshot, then the chosen one: among those whose every value is read right >= 0.95 of the time,
 the smallest worst coverage gap (ties: the lower median FID ratio).
@@ -19,14 +22,20 @@ from composable_ebm.persistence import load_model
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 
 torch.set_num_threads(1)
-recipe, seed = load_recipe(sys.argv[1]), int(sys.argv[2])
+args = sys.argv[1:]
+overrides = {}
+if "--steps" in args:
+    at = args.index("--steps")
+    overrides = {"steps": int(args[at + 1])}
+    del args[at:at + 2]
+recipe, seed = load_recipe(args[0]), int(args[1])
 model = build_model(recipe, build_dataset(recipe.data)).eval()
 classifier = load_model("shapes-classifier").eval()
 rows = []
-for item in sys.argv[3:]:
+for item in args[2:]:
     run, step = item.rsplit(":", 1)
     model.load_state_dict(load_file(Path(run) / "snapshots" / f"ema-{int(step):06d}.safetensors"), strict=True)
-    measured = measure_model(model, classifier, 64, seed=seed, sampler_overrides={}, split="all", coverage_n=256)
+    measured = measure_model(model, classifier, 64, seed=seed, sampler_overrides=overrides, split="all", coverage_n=256)
     row = (item, min(r["accuracy"] for r in measured), max(max(r["coverage_gap"].values()) for r in measured),
            statistics.median(r["fid_ratio"] for r in measured), statistics.median(r["hf_ratio"] for r in measured))
     rows.append(row)

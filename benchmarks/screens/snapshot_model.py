@@ -1,0 +1,21 @@
+"""Write one EMA snapshot of a run (``benchmarks.realism_curve --watch`` keeps them) as a model folder, with its
+recipe's network and sampling settings, so the composition table and ``cebm compose`` can read it:
+
+    PYTHONPATH=. python benchmarks/screens/snapshot_model.py RECIPE RUN STEP OUT
+
+OUT is a folder of model folders (``OUT/<the recipe's model name>``), as ``benchmarks.composition --models`` takes.
+"""
+import sys
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from composable_ebm.persistence import save_model
+from composable_ebm.recipes import build_dataset, build_model, load_recipe
+
+recipe_path, run, step, out = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+recipe = load_recipe(recipe_path)
+model = build_model(recipe, build_dataset(recipe.data)).eval()
+model.load_state_dict(load_file(run / "snapshots" / f"ema-{step:06d}.safetensors"), strict=True)
+save_model(model, out / model.name)
+print(f"{run}:{step} ({recipe_path}) -> {out / model.name}")
