@@ -1,12 +1,15 @@
 """Are the models' samples a chain's end point or a moment of it? The bundled shape and colour models (or EMA snapshots
 in their place) alone at 50, 60 (their default), 80 and 100 steps, 64 samples per value (seed 1), read by the bundled
 classifier: the value read right, the share drawn large and the share of circles. Then the mean object area (pixels
-more than 0.3 from the data's background, summed over the channels) every 10 steps of 60 along chains of 64 (seed 0):
+more than 0.3 from the data's background, summed over the channels) every 10 steps along chains of 64 (seed 0):
 each model alone, the colour model's unconditional energy, and composites in the guided and the plain form.
 
-    PYTHONPATH=. python benchmarks/screens/transient.py [shape=RUN:STEP] [color=RUN:STEP]
+    PYTHONPATH=. python benchmarks/screens/transient.py [models=FOLDER] [shape=RUN:STEP] [color=RUN:STEP]
 
-RUN:STEP: ``RUN/snapshots/ema-<STEP>.safetensors`` (``benchmarks/realism_curve.py --watch`` keeps them).
+RUN:STEP: ``RUN/snapshots/ema-<STEP>.safetensors`` (``benchmarks/realism_curve.py --watch`` keeps them), in the
+bundled model's network and sampling settings. FOLDER: a folder of model folders (``FOLDER/shapes-<attribute>``, as
+``snapshot_model.py`` writes them), each read with its own settings in place of the bundled one; the chains along
+which the area is measured then run as many steps as the first term's settings say.
 """
 import sys
 from pathlib import Path
@@ -32,6 +35,10 @@ def main() -> None:
     models = {a: cebm.load(f"shapes-{a}") for a in VALUES}
     for item in sys.argv[1:]:
         attr, where = item.split("=", 1)
+        if attr == "models":
+            models.update({a: cebm.load(Path(where) / f"shapes-{a}") for a in VALUES
+                           if (Path(where) / f"shapes-{a}").is_dir()})
+            continue
         run, step = where.rsplit(":", 1)
         models[attr].load_state_dict(load_file(Path(run) / "snapshots" / f"ema-{int(step):06d}.safetensors"))
     for attr in ("shape", "color"):
