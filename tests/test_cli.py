@@ -150,7 +150,11 @@ def test_expression_grammar_matches_the_algebra(trained):
         parse_expression("c[color=red] +", models.__getitem__)
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "recipes").rglob("*.toml")), ids=lambda p: p.name)
+RECIPES = sorted((ROOT / "recipes").rglob("*.toml"))
+SCREENS = sorted((ROOT / "benchmarks" / "screens").rglob("*.toml"))  # the docs quote them; each builds on a recipe
+
+
+@pytest.mark.parametrize("path", RECIPES + SCREENS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_bundled_recipe_parses(path):
     recipe = load_recipe(path)
     assert recipe.trainer.steps > 0 and recipe.sampling is not None
