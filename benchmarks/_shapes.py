@@ -57,6 +57,21 @@ def train_run(attribute: str, out: Path, steps: int | None = None, recipe: Path 
     return time.perf_counter() - t
 
 
+def snapshot_path(run: Path, step: int) -> Path:
+    """Where ``benchmarks.realism_curve --watch`` keeps the EMA weights of ``run``'s checkpoint at ``step``."""
+    return Path(run) / "snapshots" / f"ema-{int(step):06d}.safetensors"
+
+
+def shapes_models(folder: Path | None = None) -> dict:
+    """The four Shapes models by attribute: ``folder/shapes-<attribute>`` where that folder exists (each with its own
+    settings), the bundled model otherwise."""
+    def source(a: str) -> Path | str:
+        own = Path(folder) / f"shapes-{a}" if folder is not None else None
+        return own if own is not None and own.is_dir() else f"shapes-{a}"
+
+    return {a: load_model(source(a)) for a in ATTRIBUTES}
+
+
 def load_spec(spec: str):
     """A model from a screen's argument: a model folder, a bundled name, or ``RUN_FOLDER:RECIPE`` (the EMA
     weights of a run, its latest checkpoint while it trains)."""

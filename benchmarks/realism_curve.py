@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from benchmarks._report import machine, write_section
-from benchmarks._shapes import ROOT
+from benchmarks._shapes import ROOT, snapshot_path
 from benchmarks.realism import measure_model
 from composable_ebm.persistence import load_model
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
@@ -39,7 +39,7 @@ def watch(run: Path, poll: float) -> None:
         if path.is_file() and path.stat().st_mtime != seen:
             seen = path.stat().st_mtime
             state = load_checkpoint(path)  # written atomically (temporary file + rename), never half
-            out = run / "snapshots" / f"ema-{int(state['step']):06d}.safetensors"
+            out = snapshot_path(run, state["step"])
             save_file({k: v.contiguous() for k, v in state["ema"].items()}, out)
             print(f"kept {out}", flush=True)
         done = run / "model" / "config.json"

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 import composable_ebm as cebm
+from benchmarks._shapes import shapes_models
 from composable_ebm.persistence import load_model
 
 PAIRS = (("red", "circle"), ("green", "square"), ("blue", "triangle"))
@@ -24,8 +25,7 @@ def main() -> None:
     torch.set_num_threads(1)
     folder, scales = Path(sys.argv[1]), [float(s) for s in sys.argv[2:]]
     classifier = load_model("shapes-classifier").eval()
-    models = {a: cebm.load(folder / f"shapes-{a}" if (folder / f"shapes-{a}").is_dir() else f"shapes-{a}")
-              for a in ("shape", "color")}
+    models = shapes_models(folder)
     for scale in scales:
         models["color"].sampler_config = dataclasses.replace(models["color"].sampler_config, guidance_scale=scale)
         cells = []

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from benchmarks._shapes import snapshot_path
 from benchmarks.realism import measure_model
 from composable_ebm.persistence import load_model
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
@@ -27,7 +28,7 @@ model = build_model(recipe, build_dataset(recipe.data)).eval()
 classifier = load_model("shapes-classifier").eval()
 rows = []
 for step in range(first, last + 1, every):
-    model.load_state_dict(load_file(run / "snapshots" / f"ema-{step:06d}.safetensors"), strict=True)
+    model.load_state_dict(load_file(snapshot_path(run, step)), strict=True)
     measured = measure_model(model, classifier, 64, seed=seed, sampler_overrides={}, split="all")
     row = (step, statistics.median(r["fid_ratio"] for r in measured), statistics.median(r["hf_ratio"] for r in measured),
            min(r["accuracy"] for r in measured))

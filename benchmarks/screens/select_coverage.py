@@ -12,11 +12,11 @@ the smallest worst coverage gap (ties: the lower median FID ratio).
 """
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
+from benchmarks._shapes import snapshot_path
 from benchmarks.realism import measure_model
 from composable_ebm.persistence import load_model
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
@@ -34,7 +34,7 @@ classifier = load_model("shapes-classifier").eval()
 rows = []
 for item in args[2:]:
     run, step = item.rsplit(":", 1)
-    model.load_state_dict(load_file(Path(run) / "snapshots" / f"ema-{int(step):06d}.safetensors"), strict=True)
+    model.load_state_dict(load_file(snapshot_path(run, step)), strict=True)
     measured = measure_model(model, classifier, 64, seed=seed, sampler_overrides=overrides, split="all", coverage_n=256)
     row = (item, min(r["accuracy"] for r in measured), max(max(r["coverage_gap"].values()) for r in measured),
            statistics.median(r["fid_ratio"] for r in measured), statistics.median(r["hf_ratio"] for r in measured))

@@ -12,13 +12,14 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from benchmarks._shapes import snapshot_path
 from composable_ebm.persistence import BUNDLED_DIR, save_model
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 
 recipe_path, run, step, out = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 recipe = load_recipe(recipe_path)
 model = build_model(recipe, build_dataset(recipe.data)).eval()
-model.load_state_dict(load_file(run / "snapshots" / f"ema-{step:06d}.safetensors"), strict=True)
+model.load_state_dict(load_file(snapshot_path(run, step)), strict=True)
 save_model(model, out / model.name)
 if not (out / "shapes-classifier").is_dir():
     shutil.copytree(BUNDLED_DIR / "shapes-classifier", out / "shapes-classifier")

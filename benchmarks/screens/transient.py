@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-import composable_ebm as cebm
+from benchmarks._shapes import shapes_models, snapshot_path
 from composable_ebm.persistence import load_model
 
 VALUES = {"shape": ("circle", "square", "triangle"), "color": ("red", "green", "blue"), "size": ("small", "large"),
@@ -32,15 +32,14 @@ def area(x: torch.Tensor) -> torch.Tensor:
 def main() -> None:
     torch.set_num_threads(1)
     classifier = load_model("shapes-classifier").eval()
-    models = {a: cebm.load(f"shapes-{a}") for a in VALUES}
+    folder = next((Path(item.split("=", 1)[1]) for item in sys.argv[1:] if item.startswith("models=")), None)
+    models = shapes_models(folder)
     for item in sys.argv[1:]:
         attr, where = item.split("=", 1)
         if attr == "models":
-            models.update({a: cebm.load(Path(where) / f"shapes-{a}") for a in VALUES
-                           if (Path(where) / f"shapes-{a}").is_dir()})
             continue
         run, step = where.rsplit(":", 1)
-        models[attr].load_state_dict(load_file(Path(run) / "snapshots" / f"ema-{int(step):06d}.safetensors"))
+        models[attr].load_state_dict(load_file(snapshot_path(run, step)))
     for attr in ("shape", "color"):
         for steps in (50, 60, 80, 100):
             cells = []
