@@ -7,7 +7,7 @@ with a seed the reported benchmarks do not use (they use 0), so the choice is no
 ``--steps K`` samples every snapshot with K Langevin steps instead of its recipe's (a model trained on chains of
 varied length can be sampled at any length in that range).
 
-Prints one row per snapshot, then the chosen one: among those whose every value is read right >= 0.95 of the time,
+Prints one row per snapshot, each value's mix of the other attributes under it, then the chosen one: among those whose every value is read right >= 0.95 of the time,
 the smallest worst coverage gap (ties: the lower median FID ratio).
 """
 import statistics
@@ -39,6 +39,10 @@ for item in args[2:]:
     row = (item, min(r["accuracy"] for r in measured), max(max(r["coverage_gap"].values()) for r in measured),
            statistics.median(r["fid_ratio"] for r in measured), statistics.median(r["hf_ratio"] for r in measured))
     rows.append(row)
+    for r in measured:  # where each value's gap lies: the share of each other attribute's values it draws
+        print(f"  {r['value']}: " + "; ".join(
+            f"{a} " + " / ".join(f"{v} {share:.2f}" for v, share in r["distribution"][a].items())
+            + f" (gap {r['coverage_gap'][a]:.2f})" for a in r["coverage_gap"]), flush=True)
     print(f"{row[0]}: worst accuracy {row[1]:.3f}, worst coverage gap {row[2]:.3f}, FID ratio median {row[3]:.2f},"
           f" HF ratio median {row[4]:.2f}", flush=True)
 eligible = [r for r in rows if r[1] >= 0.95]
