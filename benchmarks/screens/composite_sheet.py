@@ -32,7 +32,7 @@ def main() -> None:
         models = shapes_models(None if folder == "bundled" else Path(folder))
         for target in targets:
             text = "guided(" + " + ".join(f"{a}[{a}={v}]" for a, v in target.items()) + ")"
-            energy = parse_expression(text, lambda name: models[name])
+            energy = parse_expression(text, models.__getitem__)
             rows.append((energy.sample(8, seed=0), renders(target, 8, seed=1)))
             print(f"{folder}: {text}", flush=True)
     save_image(to_pil(contact_sheet(rows, scale=6)), args.out)
