@@ -7,8 +7,9 @@ with a seed the reported benchmarks do not use (they use 0), so the choice is no
 ``--steps K`` samples every snapshot with K Langevin steps instead of its recipe's (a model trained on chains of
 varied length can be sampled at any length in that range).
 
-Prints one row per snapshot, each value's mix of the other attributes under it, then the chosen one: among those whose every value is read right >= 0.95 of the time,
-the smallest worst coverage gap (ties: the lower median FID ratio).
+Prints, for every snapshot, each value's mix of the other attributes and one summary row; then the chosen one:
+among those whose every value is read right >= 0.95 of the time, the smallest worst coverage gap (ties: the lower
+median FID ratio).
 """
 import statistics
 import sys
