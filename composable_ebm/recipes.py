@@ -51,6 +51,9 @@ class DataConfig:
     """Seed of procedural data (shapes, toy2d)."""
     holdout: tuple[dict[str, str], ...] = ()
     """shapes: combinations kept out of training"""
+    balance: bool = False
+    """shapes: weight the training combinations so every attribute's values are equally frequent despite the
+    held-out ones (red circles held out: circles and red 1 in 3 of the images, not 0.25)"""
     channels: int = 1
     """digits: 1 or 3"""
     root: str | None = None
@@ -153,7 +156,7 @@ def build_dataset(cfg: DataConfig) -> ImageDataset | torch.Tensor:
     if cfg.dataset == "toy2d":
         return sample_toy(cfg.density, cfg.n, torch.Generator().manual_seed(cfg.seed))
     if cfg.dataset == "shapes":
-        ds = shapes(cfg.n, cfg.size, cfg.seed, holdout=cfg.holdout)
+        ds = shapes(cfg.n, cfg.size, cfg.seed, holdout=cfg.holdout, balance=cfg.balance)
     elif cfg.dataset == "digits":
         ds = digits(cfg.size, cfg.channels)
     elif cfg.dataset == "folder":

@@ -74,6 +74,21 @@ def test_held_out_combinations_never_appear_in_the_training_split():
     assert ((held.labels["color"] == red) & (held.labels["shape"] == circle)).all()
 
 
+def test_a_balanced_split_has_every_value_as_often_as_the_whole_data():
+    n = 30000
+    uniform = shapes(n, 8, seed=1, holdout=[RED_CIRCLE])
+    balanced = shapes(n, 8, seed=1, holdout=[RED_CIRCLE], balance=True)
+    share = lambda ds, a, v: float((ds.labels[a] == SHAPES_ATTRIBUTES[a].index(v)).float().mean())
+    assert abs(share(uniform, "shape", "circle") - 0.25) < 0.02  # 2 of the 8 shape-and-colour combinations
+    for a, values in SHAPES_ATTRIBUTES.items():
+        for v in values:
+            assert abs(share(balanced, a, v) - 1 / len(values)) < 0.015, (a, v)
+    red_circles = (balanced.labels["color"] == 0) & (balanced.labels["shape"] == 0)
+    assert not red_circles.any()  # still held out
+    with pytest.raises(ValueError, match="cannot be balanced"):
+        shapes(10, holdout=[{"shape": "circle"}], balance=True)
+
+
 def test_bad_holdout_names_the_valid_choices():
     with pytest.raises(ValueError, match="valid values"):
         shapes(10, holdout=[{"color": "purple"}])

@@ -116,12 +116,32 @@ def render_shapes(labels: Mapping[str, Tensor], size: int, generator: torch.Gene
     return _BACKGROUND * (1 - coverage) + color * coverage
 
 
+def balanced_weights(table: Mapping[str, Tensor], allowed: Tensor, iterations: int = 500) -> Tensor:
+    """Weights over the combinations ``table`` lists (each attribute's value index per combination), zero where
+    ``allowed`` is False, under which every attribute's values are equally frequent: iterative proportional
+    fitting from uniform weights on the allowed combinations (the closest such weights to uniform). Raises
+    ``ValueError`` when the allowed combinations cannot be balanced (a value with no allowed combination)."""
+    w = allowed.double()
+    for attribute, index in table.items():
+        counts = torch.bincount(index[allowed], minlength=int(index.max()) + 1)
+        if (counts == 0).any():
+            raise ValueError(f"no allowed combination has {attribute} value {int(torch.nonzero(counts == 0)[0])}:"
+                             " the split cannot be balanced")
+    for _ in range(iterations):
+        for index in table.values():
+            k = int(index.max()) + 1
+            marginal = torch.zeros(k, dtype=w.dtype).index_add_(0, index, w) / w.sum()
+            w = w / (k * marginal[index])
+    return (w / w.sum()).float()
+
+
 def shapes(
     n: int,
     size: int = 32,
     seed: int = 0,
     holdout: Sequence[Mapping[str, str]] = (),
     split: str = "train",
+    balance: bool = False,
 ) -> ImageDataset:
     """The Shapes dataset: ``n`` images of one object each, deterministic in ``seed``.
 
@@ -129,6 +149,9 @@ def shapes(
         holdout: attribute combinations (e.g. ``[{"color": "red", "shape": "circle"}]``) that
             the ``train`` split never contains; the ``heldout`` split contains only them.
         split: ``train`` (combinations not held out), ``heldout`` (only held-out ones) or ``all``.
+        balance: draw the split's combinations with the weights that make every attribute's values equally
+            frequent (`balanced_weights`), as in the whole data, instead of uniformly: with red circles held out,
+            a uniform ``train`` split has circles in 0.25 of its images and red in 0.25, not 1 in 3.
     """
     if split not in ("train", "heldout", "all"):
         raise ValueError(f"unknown split {split!r}; valid choices: ['train', 'heldout', 'all']")
@@ -138,9 +161,12 @@ def shapes(
     allowed = {"train": ~held, "heldout": held, "all": torch.ones_like(held)}[split]
     if not allowed.any():
         raise ValueError(f"split {split!r} is empty with holdout {list(holdout)}")
-    pool = torch.nonzero(allowed).squeeze(1)
     gen = torch.Generator().manual_seed(seed)
-    pick = pool[torch.randint(pool.numel(), (n,), generator=gen)]
+    if balance:
+        pick = torch.multinomial(balanced_weights(table, allowed), n, replacement=True, generator=gen)
+    else:
+        pool = torch.nonzero(allowed).squeeze(1)
+        pick = pool[torch.randint(pool.numel(), (n,), generator=gen)]
     labels = {a: table[a][pick] for a in SHAPES_ATTRIBUTES}
     images = render_shapes(labels, size, gen)
     return ImageDataset(images, labels, dict(SHAPES_ATTRIBUTES), "shapes", {"seed": seed, "holdout": list(holdout)})
