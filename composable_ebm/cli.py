@@ -195,6 +195,9 @@ def train(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     license: Annotated[Optional[str], typer.Option(
         help="License of the trained model, written into its card (e.g. mit, apache-2.0; default: none).")] = None,
+    init: Annotated[Optional[str], typer.Option(
+        help="Start a new run from this model's weights (a folder, bundled name or org/name; a fresh optimiser): "
+             "fine-tuning. A run resumed from its checkpoint ignores it.")] = None,
 ) -> None:
     """Train an energy with Algorithm 1 and save its EMA weights to OUT/model.
 
@@ -204,7 +207,7 @@ def train(
     from composable_ebm.runs import train_recipe
 
     train_recipe(recipe, out, steps=steps, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change,
-                 device=_device(device), progress=progress, license=license, echo=typer.echo)
+                 device=_device(device), progress=progress, license=license, init=init, echo=typer.echo)
 
 
 def _sampling_options() -> list[inspect.Parameter]:

@@ -57,9 +57,23 @@ def set_aside_previous_run(out: Path, overwrite: bool) -> tuple[Path, list[str]]
     return aside, present
 
 
+def _start_from(trainer: Any, source: str | Path) -> None:
+    """Load the weights of the model at ``source`` into a new run's network and its EMA copy."""
+    from composable_ebm.persistence import load_model
+
+    weights = load_model(source).state_dict()
+    own = trainer.energy.state_dict()
+    differ = sorted(set(weights) ^ set(own)) or [k for k in own if weights[k].shape != own[k].shape]
+    if differ:
+        raise InvalidInputError(f"--init {source}: its network is not the recipe's (first difference: {differ[0]});"
+                                " initialise from a model trained with this recipe's [model] settings")
+    trainer.energy.load_state_dict(weights)
+    trainer.ema.load_state_dict(weights)
+
+
 def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = None, resume: bool = True,
                  overwrite: bool = False, allow_config_change: bool = False, device: torch.device | str | None = None,
-                 progress: bool = False, license: str | None = None,
+                 progress: bool = False, license: str | None = None, init: str | Path | None = None,
                  echo: Callable[[str], None] | None = None) -> TrainedRun:
     """Train ``recipe`` (a TOML file) into the run folder ``out``, as ``cebm train`` does.
 
@@ -68,6 +82,11 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     ``steps`` (default: the recipe's), then saves the EMA model with its card to ``out/model`` and the
     health plot to ``out/health.png``. Under ``torchrun`` every rank trains and rank 0 writes. ``echo``
     receives the progress lines (default: none).
+
+    ``init`` (a model folder, bundled name or Hub id, as `composable_ebm.load` takes) starts a new run from that
+    model's weights instead of the recipe's initialisation, with a fresh optimiser: fine-tuning. Its network must
+    be the recipe's. A step-0 checkpoint is written at once, so the run resumes as a fine-tune without ``init``;
+    a run that resumes from a checkpoint ignores it.
     """
     from tqdm.auto import tqdm
 
@@ -100,7 +119,12 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         if resume and trainer.resume(allow_config_change=allow_config_change):
             resumed_from = trainer.step
             say(f"resumed from step {trainer.step}" + ("" if trainer.resumed_exactly else
-                " on another kind of device than the checkpoint's: the run goes on, but not bit for bit"))
+                " on another kind of device than the checkpoint's: the run goes on, but not bit for bit")
+                + (f" (--init {init} ignored: the checkpoint holds the run's weights)" if init is not None else ""))
+        elif init is not None:
+            _start_from(trainer, init)
+            trainer.save_checkpoint()
+            say(f"started from the weights of {init}")
         total = steps if steps is not None else spec.trainer.steps
         bar = tqdm(total=total, initial=trainer.step, disable=not progress or trainer.rank != 0, desc="training")
 
@@ -117,8 +141,9 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         ema = trainer.ema
         ema.sampler_config = model.sampler_config
         if trainer.rank == 0:
+            notes = f"The run was started from the weights of `{init}` (`--init`), with a fresh optimiser." if init else None
             card = model_card(ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
-                              location=str(out / "model"), license=license)
+                              location=str(out / "model"), license=license, notes=notes)
             save_model(ema, out / "model", card=card)
             log = out / Trainer.LOG
             if log.is_file() and any("e_diff" in r for r in read_log(log)):  # a run shorter than log_every has none

@@ -436,6 +436,36 @@ def test_train_recipe_is_cebm_train_as_a_library_call(tmp_path):
         train_recipe(recipe, tmp_path / "run", resume=False)
 
 
+def test_init_starts_a_run_from_a_trained_models_weights(tmp_path):
+    from composable_ebm import train_recipe
+    from composable_ebm.errors import InvalidInputError
+    from composable_ebm.persistence import load_model
+
+    text = ('[model]\ntype = "mlp"\nhidden = 8\ndepth = 2\nvalue_range = [-4.0, 4.0]\n[data]\ndataset = "toy2d"\n'
+            'density = "8gaussians"\nn = 64\n[trainer]\nsteps = 2\nbatch_size = 8\nlog_every = 1\n'
+            'checkpoint_every = 1\nchain_augment = false\nlr = 1e-12\n[trainer.sampler]\nstep_size = 0.01\nsteps = 3\n')
+    recipe = tmp_path / "toy.toml"
+    recipe.write_text(text.replace("lr = 1e-12", "lr = 0.05").replace("[trainer]\n", "[trainer]\nseed = 3\n"))
+    source = train_recipe(recipe, tmp_path / "source").model.to("cpu")
+    frozen = tmp_path / "frozen.toml"
+    frozen.write_text(text)  # lr 1e-12: the weights stay where they start
+    x = torch.randn(5, 2)
+    fresh = train_recipe(frozen, tmp_path / "fresh").model.to("cpu")
+    assert not torch.allclose(fresh(x), source(x))  # the recipe's own initialisation is another network
+    lines = []
+    tuned = train_recipe(frozen, tmp_path / "tuned", init=tmp_path / "source" / "model", echo=lines.append)
+    torch.testing.assert_close(tuned.model.to("cpu")(x), source(x))
+    assert any("started from the weights of" in line for line in lines)
+    assert "started from the weights of" in (tmp_path / "tuned" / "model" / "README.md").read_text()
+    again = train_recipe(frozen, tmp_path / "tuned", steps=3)  # resumes the fine-tune without init
+    assert again.resumed_from == 2
+    torch.testing.assert_close(load_model(tmp_path / "tuned" / "model")(x), source(x))
+    wide = tmp_path / "wide.toml"
+    wide.write_text(text.replace("hidden = 8", "hidden = 16"))
+    with pytest.raises(InvalidInputError, match="its network is not the recipe's"):
+        train_recipe(wide, tmp_path / "wide", init=tmp_path / "source" / "model")
+
+
 @pytest.mark.parametrize("damage, named", [
     (lambda s: s["rng"]["numpy"].update(key=3), "rng.numpy.key is a int"),
     (lambda s: s.update(step="7"), "step is a str"),
