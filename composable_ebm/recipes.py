@@ -72,6 +72,9 @@ class DataConfig:
         check_size("DataConfig", "size", self.size, low=4, high=MAX_IMAGE_SIZE)
         if self.channels not in (1, 3):
             raise InvalidInputError(f"DataConfig.channels must be 1 or 3, got {self.channels!r}")
+        if self.balance and self.dataset != "shapes":
+            raise InvalidInputError(f"DataConfig.balance applies to the shapes dataset only, not {self.dataset!r};"
+                                    " valid choices: balance = false, or dataset = \"shapes\"")
 
 
 @dataclass(frozen=True)

@@ -59,11 +59,16 @@ def set_aside_previous_run(out: Path, overwrite: bool) -> tuple[Path, list[str]]
 
 def _start_from(trainer: Any, source: str | Path) -> None:
     """Load the weights of the model at ``source`` into a new run's network and its EMA copy."""
+    from composable_ebm.configs import config_to_dict
     from composable_ebm.persistence import load_model
 
-    weights = load_model(source).state_dict()
-    own = trainer.energy.state_dict()
+    model = load_model(source)
+    weights, own = model.state_dict(), trainer.energy.state_dict()
     differ = sorted(set(weights) ^ set(own)) or [k for k in own if weights[k].shape != own[k].shape]
+    if not differ and hasattr(model, "config") and hasattr(trainer.energy, "config"):
+        theirs, ours = config_to_dict(model.config), config_to_dict(trainer.energy.config)
+        differ = [f"{k}: {theirs.get(k)!r} against {ours.get(k)!r}" for k in sorted(set(theirs) | set(ours))
+                  if k != "name" and theirs.get(k) != ours.get(k)]
     if differ:
         raise InvalidInputError(f"--init {source}: its network is not the recipe's (first difference: {differ[0]});"
                                 " initialise from a model trained with this recipe's [model] settings")

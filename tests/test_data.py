@@ -87,6 +87,11 @@ def test_a_balanced_split_has_every_value_as_often_as_the_whole_data():
     assert not red_circles.any()  # still held out
     with pytest.raises(ValueError, match="cannot be balanced"):
         shapes(10, holdout=[{"shape": "circle"}], balance=True)
+    from composable_ebm.errors import InvalidInputError
+    from composable_ebm.recipes import DataConfig
+
+    with pytest.raises(InvalidInputError, match="shapes dataset only"):
+        DataConfig(dataset="digits", balance=True)
 
 
 def test_bad_holdout_names_the_valid_choices():

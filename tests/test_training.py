@@ -464,6 +464,10 @@ def test_init_starts_a_run_from_a_trained_models_weights(tmp_path):
     wide.write_text(text.replace("hidden = 8", "hidden = 16"))
     with pytest.raises(InvalidInputError, match="its network is not the recipe's"):
         train_recipe(wide, tmp_path / "wide", init=tmp_path / "source" / "model")
+    ranged = tmp_path / "ranged.toml"  # the same weights' shapes, another network
+    ranged.write_text(text.replace("value_range = [-4.0, 4.0]", "value_range = [-5.0, 5.0]"))
+    with pytest.raises(InvalidInputError, match="value_range"):
+        train_recipe(ranged, tmp_path / "ranged", init=tmp_path / "source" / "model")
 
 
 @pytest.mark.parametrize("damage, named", [

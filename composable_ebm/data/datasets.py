@@ -119,8 +119,9 @@ def render_shapes(labels: Mapping[str, Tensor], size: int, generator: torch.Gene
 def balanced_weights(table: Mapping[str, Tensor], allowed: Tensor, iterations: int = 500) -> Tensor:
     """Weights over the combinations ``table`` lists (each attribute's value index per combination), zero where
     ``allowed`` is False, under which every attribute's values are equally frequent: iterative proportional
-    fitting from uniform weights on the allowed combinations (the closest such weights to uniform). Raises
-    ``ValueError`` when the allowed combinations cannot be balanced (a value with no allowed combination)."""
+    fitting from uniform weights on the allowed combinations (of such weights, the closest to uniform in KL
+    divergence). Raises ``ValueError`` when the allowed combinations cannot be balanced (a value with no allowed
+    combination)."""
     w = allowed.double()
     for attribute, index in table.items():
         counts = torch.bincount(index[allowed], minlength=int(index.max()) + 1)
