@@ -18,13 +18,17 @@ ATTRIBUTES = ("shape", "color", "size", "position")
 HOLDOUT = [{"color": "red", "shape": "circle"}]
 
 
+def border_colour(x: torch.Tensor) -> torch.Tensor:
+    """Each image's mean colour over its border pixels, ``(B, C)`` from ``(B, C, H, W)``."""
+    return torch.cat([x[:, :, 0, :], x[:, :, -1, :], x[:, :, :, 0], x[:, :, :, -1]], dim=2).mean(2)
+
+
 def border_tint(x: torch.Tensor) -> float:
     """The background's tint of a batch ``(B, C, H, W)``: the largest difference between a channel's mean over the
     border pixels and the data's flat dark-grey background (about 0.005 for renders)."""
     from composable_ebm.data.datasets import _BACKGROUND
 
-    border = torch.cat([x[:, :, 0, :], x[:, :, -1, :], x[:, :, :, 0], x[:, :, :, -1]], dim=2)  # (B, C, 4W)
-    return float((border.mean(dim=(0, 2)) - torch.as_tensor(_BACKGROUND, dtype=border.dtype)).abs().max())
+    return float((border_colour(x).mean(0) - torch.as_tensor(_BACKGROUND, dtype=x.dtype)).abs().max())
 
 
 def recipe_path(attribute: str) -> Path:

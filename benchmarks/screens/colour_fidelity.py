@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from benchmarks._shapes import border_colour, border_tint, shapes_models
 from benchmarks.composition import expression, read_composite, table, table_renders
 from composable_ebm.data.datasets import _BACKGROUND, _RGB, SHAPES_ATTRIBUTES
 from composable_ebm.expression import parse_expression
@@ -22,15 +23,14 @@ from composable_ebm.persistence import load_model
 def main() -> None:
     every = int(sys.argv[1])
     torch.set_num_threads(1)
-    models = {a: load_model(f"shapes-{a}") for a in ("shape", "color", "size", "position")}
+    models = shapes_models()
     classifier = load_model("shapes-classifier").eval()
     n, ratios = 64, {"raw": [], "bg": [], "bg+hue": []}
     for i, target in table(every):
         text = expression(target, "guided")
         x = parse_expression(text, lambda name: models[name]).sample(n, seed=i, form="plain")
         reference = table_renders(target, i, n)
-        border = torch.cat([x[:, :, 0, :], x[:, :, -1, :], x[:, :, :, 0], x[:, :, :, -1]], dim=2).mean(2)
-        background = (x - border[:, :, None, None]).abs().amax(1, keepdim=True) < 0.1
+        background = (x - border_colour(x)[:, :, None, None]).abs().amax(1, keepdim=True) < 0.1
         versions = {"raw": x, "bg": torch.where(background, torch.full_like(x, _BACKGROUND), x)}
         if "color" in target:
             rgb = _RGB[SHAPES_ATTRIBUTES["color"].index(target["color"])].view(1, 3, 1, 1)
@@ -41,8 +41,8 @@ def main() -> None:
         for name, y in versions.items():
             row[name] = read_composite(y, target, i, classifier, reference)[1].fid_ratio
             ratios[name].append(row[name])
-        tint = float((border.mean(0) - _BACKGROUND).abs().max())
-        print(f"{i} | {text} | " + " | ".join(f"{k} {v:.1f}" for k, v in row.items()) + f" | tint {tint:.3f}", flush=True)
+        print(f"{i} | {text} | " + " | ".join(f"{k} {v:.1f}" for k, v in row.items()) + f" | tint {border_tint(x):.3f}",
+              flush=True)
     print(" | ".join(f"{k}: median {statistics.median(v):.1f} of {len(v)}" for k, v in ratios.items() if v))
 
 

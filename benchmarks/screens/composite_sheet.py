@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._shapes import shapes_models
-from benchmarks.composition import renders
+from benchmarks.composition import expression, renders
 from composable_ebm.evaluation.realism import contact_sheet
 from composable_ebm.expression import parse_expression
 from composable_ebm.images import save_image, to_pil
@@ -31,7 +31,7 @@ def main() -> None:
     for folder in args.folders:
         models = shapes_models(None if folder == "bundled" else Path(folder))
         for target in targets:
-            text = "guided(" + " + ".join(f"{a}[{a}={v}]" for a, v in target.items()) + ")"
+            text = expression(target, "guided")
             energy = parse_expression(text, models.__getitem__)
             rows.append((energy.sample(8, seed=0), renders(target, 8, seed=1)))
             print(f"{folder}: {text}", flush=True)

@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from benchmarks._shapes import shapes_models
 from benchmarks.composition import expression, read_composite, table, table_renders
 from composable_ebm import guided
 from composable_ebm.data.datasets import SHAPES_ATTRIBUTES
@@ -31,7 +32,7 @@ def main() -> None:
         raise SystemExit(f"unknown stage 1 {first!r}; valid: {', '.join(FIRSTS)}")
     shard, shards = (int(v) for v in (sys.argv[4] if len(sys.argv) > 4 else "0/1").split("/"))
     torch.set_num_threads(1)
-    models = {a: load_model(f"shapes-{a}") for a in ("shape", "color", "size", "position")}
+    models = shapes_models()
     classifier = load_model("shapes-classifier").eval()
     n = 64
     rows = []
