@@ -189,7 +189,8 @@ def train(
         help="With --no-resume: start a new run in an OUT that holds another run's files (they are moved to "
              "OUT/replaced-<time>/, never mixed with the new run's).")] = False,
     allow_config_change: Annotated[
-        bool, typer.Option(help="Resume even if the recipe's training settings differ from the checkpoint's.")
+        bool, typer.Option(help="Resume even if the recipe's training settings differ from the checkpoint's; with --init, start "
+                              "from a model whose [model] settings differ where its weights' shapes do not.")
     ] = False,
     device: DeviceOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,

@@ -57,23 +57,33 @@ def set_aside_previous_run(out: Path, overwrite: bool) -> tuple[Path, list[str]]
     return aside, present
 
 
-def _start_from(trainer: Any, source: str | Path) -> None:
-    """Load the weights of the model at ``source`` into a new run's network and its EMA copy."""
+def _start_from(trainer: Any, source: str | Path, allow_config_change: bool = False) -> list[str]:
+    """Load the weights of the model at ``source`` into a new run's network and its EMA copy.
+
+    The weights must fit the recipe's network key for key and shape for shape. Its config must be the recipe's
+    too (the name aside), unless ``allow_config_change``: then a setting that leaves the weights' shapes as
+    they are may differ (a new input transform fine-tuned from trained weights), and the differences are
+    returned, ``["field: theirs against ours", ...]``."""
     from composable_ebm.configs import config_to_dict
     from composable_ebm.persistence import load_model
 
     model = load_model(source)
     weights, own = model.state_dict(), trainer.energy.state_dict()
     differ = sorted(set(weights) ^ set(own)) or [k for k in own if weights[k].shape != own[k].shape]
+    changed: list[str] = []
     if not differ and hasattr(model, "config") and hasattr(trainer.energy, "config"):
         theirs, ours = config_to_dict(model.config), config_to_dict(trainer.energy.config)
-        differ = [f"{k}: {theirs.get(k)!r} against {ours.get(k)!r}" for k in sorted(set(theirs) | set(ours))
-                  if k != "name" and theirs.get(k) != ours.get(k)]
+        changed = [f"{k}: {theirs.get(k)!r} against {ours.get(k)!r}" for k in sorted(set(theirs) | set(ours))
+                   if k != "name" and theirs.get(k) != ours.get(k)]
+        if not allow_config_change:
+            differ = changed
     if differ:
         raise InvalidInputError(f"--init {source}: its network is not the recipe's (first difference: {differ[0]});"
-                                " initialise from a model trained with this recipe's [model] settings")
+                                " initialise from a model trained with this recipe's [model] settings, or allow"
+                                " settings that keep the weights' shapes to differ (--allow-config-change)")
     trainer.energy.load_state_dict(weights)
     trainer.ema.load_state_dict(weights)
+    return changed
 
 
 def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = None, resume: bool = True,
@@ -113,6 +123,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     model = build_model(spec, data)
     trainer = Trainer(model, data, spec.trainer, out_dir=out, device=torch.device(device))
     aside, resumed_from = None, None
+    init_changes: list[str] = []
     try:
         if not resume:
             moved = set_aside_previous_run(out, overwrite)
@@ -127,9 +138,10 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                 " on another kind of device than the checkpoint's: the run goes on, but not bit for bit")
                 + (f" (--init {init} ignored: the checkpoint holds the run's weights)" if init is not None else ""))
         elif init is not None:
-            _start_from(trainer, init)
+            init_changes = _start_from(trainer, init, allow_config_change)
             trainer.save_checkpoint()
-            say(f"started from the weights of {init}")
+            say(f"started from the weights of {init}" + (f"; settings changed: {'; '.join(init_changes)}"
+                                                          if init_changes else ""))
         total = steps if steps is not None else spec.trainer.steps
         bar = tqdm(total=total, initial=trainer.step, disable=not progress or trainer.rank != 0, desc="training")
 
@@ -147,6 +159,8 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         ema.sampler_config = model.sampler_config
         if trainer.rank == 0:
             notes = f"The run was started from the weights of `{init}` (`--init`), with a fresh optimiser." if init else None
+            if init and init_changes:
+                notes += " Its settings differ from that model's in: " + "; ".join(f"`{c}`" for c in init_changes) + "."
             card = model_card(ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
                               location=str(out / "model"), license=license, notes=notes)
             save_model(ema, out / "model", card=card)

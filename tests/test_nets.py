@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -28,6 +29,10 @@ NETWORK_CONFIGS = {
     "resnet-pixel-attention-log-prob": tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
                                                    attributes={"color": ("red", "green", "blue")},
                                                    pixel_pool="attention", head_output="log_prob"),
+    "resnet-palette": tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
+                                  attributes={"color": ("red", "green", "blue")}, pixel_pool="attention",
+                                  palette=((0.12, 0.8, 0.15), (0.9, 0.12, 0.12), (0.15, 0.25, 0.95)),
+                                  palette_background=(0.08, 0.08, 0.08)),
     "resnet-late-film": tiny_config(attributes={"shape": ("circle", "square")}, null_condition=True, film_blocks=1),
     "resnet-projection": tiny_config(attributes={"shape": ("circle", "square")}, null_condition=True,
                                      condition_head="projection"),
@@ -171,6 +176,41 @@ def test_channel_blind_energy_is_invariant_to_permuting_the_colour_channels():
         torch.testing.assert_close(model(x[:, perm], labels), e)
     plain = randomize(ResNetEnergy(tiny_config(attributes={"shape": ("circle", "square")})))
     assert not torch.allclose(plain(x[:, [1, 0, 2]], labels), plain(x, labels))  # the property is the option's
+
+
+def test_palette_towers_cannot_tell_which_palette_colour_an_object_has():
+    """With a palette, renders that differ only in their objects' colour (anti-aliased edges included) have the
+    same unconditional energy, and the pixel-set head still tells them apart."""
+    from composable_ebm.data.datasets import render_shapes
+
+    palette = ((0.12, 0.80, 0.15), (0.90, 0.12, 0.12), (0.15, 0.25, 0.95))
+    config = tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True, pixel_pool="attention",
+                         attributes={"color": ("red", "green", "blue")}, palette=palette,
+                         palette_background=(0.08, 0.08, 0.08))
+    model = randomize(ResNetEnergy(config))
+    g = torch.Generator().manual_seed(0)
+    labels = {"shape": torch.randint(0, 3, (6,), generator=g), "size": torch.randint(0, 2, (6,), generator=g),
+              "position": torch.randint(0, 2, (6,), generator=g)}
+    images = [render_shapes({**labels, "color": torch.full((6,), c)}, 8, torch.Generator().manual_seed(1))
+              for c in range(3)]
+    null, red = {"color": torch.full((6,), -1)}, {"color": torch.zeros(6, dtype=torch.long)}
+    for x in images[1:]:
+        assert (x - images[0]).abs().max() > 0.5  # other colours
+        torch.testing.assert_close(model(x, null), model(images[0], null))
+        assert not torch.allclose(model(x, red), model(images[0], red))
+    plain = randomize(ResNetEnergy(dataclasses.replace(config, palette=())))  # the property is the option's
+    assert not torch.allclose(plain(images[1], null), plain(images[0], null))
+    noisy = images[0] + 0.05 * torch.randn(6, 3, 8, 8, generator=g)  # off the palette's lines: seen, and differentiable
+    x = noisy.clone().requires_grad_(True)
+    model(x, null).sum().backward()
+    assert x.grad.abs().sum() > 0 and not torch.allclose(model(noisy, null), model(images[0], null))
+
+
+def test_a_palette_colour_on_the_background_is_one_line():
+    with pytest.raises(ValueError, match="must differ from it"):
+        tiny_config(palette=((0.1, 0.1, 0.1), (0.9, 0.1, 0.1)), palette_background=(0.1, 0.1, 0.1))
+    with pytest.raises(ValueError, match="at least 2 colours"):
+        tiny_config(palette=((0.9, 0.1, 0.1),))
 
 
 @pytest.mark.parametrize("pool,output", [("mean", "logit"), ("attention", "logit"), ("attention", "log_prob"),

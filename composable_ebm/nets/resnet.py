@@ -95,6 +95,15 @@ class ResNetConfig(JSONConfig):
     tell which channel is which, so it is invariant to permutations of the colour channels by construction (a
     shape model then draws a red circle as readily as the green and blue ones it was trained on, without ever
     seeing a red one). For models of attributes other than colour."""
+    palette: tuple[tuple[float, float, float], ...] = ()
+    """object colours the towers cannot tell apart (RGB, with `palette_background`): each pixel's part along the
+    line from the background to the nearest palette colour is redrawn along the line to the first one, before
+    the towers and any `channel_blind` ordering. An image of an object in any palette colour, its anti-aliased
+    edges included, then reaches the towers as the same object in the first colour (what is off every line,
+    such as noise, passes unchanged), so the towers cannot learn which shapes go with which colour. The
+    pixel-set head sees the image as it is. Empty (the default): off."""
+    palette_background: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """the background colour the `palette` lines start from (RGB)"""
     condition_head: Literal["film", "pixel_set", "projection"] = "film"
     """where the condition enters: `film` modulates every residual block (or the last `film_blocks`);
     `projection` leaves the blocks unconditional and adds ``-<V c, h>`` to each tower's energy, ``h`` its pooled
@@ -145,6 +154,16 @@ class ResNetConfig(JSONConfig):
         if self.norm not in ("group", "instance", "none"):
             raise InvalidInputError(f"unknown norm {self.norm!r}; valid choices: ['group', 'instance', 'none']")
         check_attributes("ResNetConfig", self.attributes)
+        if self.palette:
+            if self.in_channels != 3 or len(self.palette) < 2:
+                raise InvalidInputError(
+                    f"ResNetConfig.palette needs RGB images (in_channels 3, got {self.in_channels}) and at least 2"
+                    f" colours (got {len(self.palette)}); an empty palette switches it off")
+            for colour in self.palette:
+                if max(abs(a - b) for a, b in zip(colour, self.palette_background)) < 1e-3:
+                    raise InvalidInputError(
+                        f"ResNetConfig.palette colour {list(colour)} is the palette_background"
+                        f" {list(self.palette_background)}; every palette colour must differ from it")
         needed = self.activation_elements()
         if needed > MAX_ACTIVATION_ELEMENTS:
             raise InvalidInputError(
@@ -283,6 +302,24 @@ class PixelSetHead(nn.Module):
         return self.out(torch.einsum("bp,bwp->bw", weights, h.flatten(2)))
 
 
+def palette_blind(x: Tensor, palette: Sequence[Sequence[float]], background: Sequence[float]) -> Tensor:
+    """``x`` with each pixel's part along its nearest palette colour redrawn along the first colour, ``(B, 3, H, W)``.
+
+    A pixel ``x = b + m (c_k - b) + r`` (``b`` the background, ``c_k`` the palette colour whose line from ``b``
+    it projects furthest along, ``m`` its coverage, ``r`` what is off that line) becomes
+    ``b + m (c_0 - b) + r``. The choice of ``k`` is piecewise constant and the map linear within it, so
+    gradients flow to the pixels; images that differ only in which palette colour their objects have give the
+    same result.
+    """
+    bg = torch.as_tensor(background, dtype=x.dtype, device=x.device)
+    lines = torch.as_tensor(palette, dtype=x.dtype, device=x.device) - bg  # (K, 3)
+    along = torch.einsum("bchw,kc->bkhw", x - bg[None, :, None, None], lines)  # d . u_k
+    nearest = (along / lines.norm(dim=1)[None, :, None, None]).detach().argmax(dim=1)  # (B, H, W)
+    coverage = (along / (lines * lines).sum(dim=1)[None, :, None, None]).gather(1, nearest[:, None])  # (B, 1, H, W)
+    shift = (lines[0] - lines[nearest]).permute(0, 3, 1, 2)  # (B, 3, H, W)
+    return x + coverage * shift
+
+
 def canonical_channels(x: Tensor) -> Tensor:
     """``x`` with each image's channels sorted by their mean, largest first, ``(B, C, H, W)``.
 
@@ -360,7 +397,10 @@ class ResNetEnergy(Pretrained, Energy):
         return self._tower_energies(x, labels or None)
 
     def _tower_inputs(self, x: Tensor) -> list[Tensor]:
-        """What each tower sees: ``x`` (channels in canonical order when channel-blind) pooled to its scale."""
+        """What each tower sees: ``x`` (its palette colours made one with a `palette`, then its channels in canonical
+        order when channel-blind) pooled to its scale."""
+        if self.config.palette:
+            x = palette_blind(x, self.config.palette, self.config.palette_background)
         if self.config.channel_blind:
             x = canonical_channels(x)
         return [F.avg_pool2d(x, scale) if scale > 1 else x for scale in self.config.scales]
