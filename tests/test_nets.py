@@ -200,16 +200,21 @@ def test_palette_towers_cannot_tell_which_palette_colour_an_object_has():
         assert not torch.allclose(model(x, red), model(images[0], red))
     plain = randomize(ResNetEnergy(dataclasses.replace(config, palette=())))  # the property is the option's
     assert not torch.allclose(plain(images[1], null), plain(images[0], null))
-    noisy = images[0] + 0.05 * torch.randn(6, 3, 8, 8, generator=g)  # off the palette's lines: seen, and differentiable
+    speckled = images[1].clone()  # a second palette colour inside an object stays a second colour to the towers
+    speckled[:, :, 3:5, 3:5] = torch.tensor([0.90, 0.12, 0.12])[:, None, None]  # red on green objects
+    assert not torch.allclose(model(speckled, null), model(images[1], null))
+    noisy = images[0] + 0.05 * torch.randn(6, 3, 8, 8, generator=g)  # noise: seen, and differentiable
     x = noisy.clone().requires_grad_(True)
     model(x, null).sum().backward()
     assert x.grad.abs().sum() > 0 and not torch.allclose(model(noisy, null), model(images[0], null))
 
 
 def test_a_palette_colour_on_the_background_is_one_line():
-    with pytest.raises(ValueError, match="must differ from it"):
-        tiny_config(palette=((0.1, 0.1, 0.1), (0.9, 0.1, 0.1)), palette_background=(0.1, 0.1, 0.1))
-    with pytest.raises(ValueError, match="at least 2 colours"):
+    with pytest.raises(ValueError, match="three different ways"):
+        tiny_config(palette=((0.1, 0.1, 0.1), (0.9, 0.1, 0.1), (0.1, 0.9, 0.1)), palette_background=(0.1, 0.1, 0.1))
+    with pytest.raises(ValueError, match="three different ways"):
+        tiny_config(palette=((0.9, 0.1, 0.1), (0.1, 0.9, 0.1), (0.5, 0.5, 0.1)), palette_background=(0.1, 0.1, 0.1))
+    with pytest.raises(ValueError, match="3 colours"):
         tiny_config(palette=((0.9, 0.1, 0.1),))
 
 

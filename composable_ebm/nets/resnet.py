@@ -96,12 +96,12 @@ class ResNetConfig(JSONConfig):
     shape model then draws a red circle as readily as the green and blue ones it was trained on, without ever
     seeing a red one). For models of attributes other than colour."""
     palette: tuple[tuple[float, float, float], ...] = ()
-    """object colours the towers cannot tell apart (RGB, with `palette_background`): each pixel's part along the
-    line from the background to the nearest palette colour is redrawn along the line to the first one, before
-    the towers and any `channel_blind` ordering. An image of an object in any palette colour, its anti-aliased
-    edges included, then reaches the towers as the same object in the first colour (what is off every line,
-    such as noise, passes unchanged), so the towers cannot learn which shapes go with which colour. The
-    pixel-set head sees the image as it is. Empty (the default): off."""
+    """three object colours the towers cannot tell apart (RGB, with `palette_background`): each image is written in
+    the coordinates of the palette's colours and those are put in a canonical order, by their means, before the
+    towers and any `channel_blind` ordering (`palette_blind`). An object in any palette colour, its anti-aliased
+    edges included, then reaches the towers as the same object in the first colour, while a second colour in it
+    (speckle) stays a second colour; so the towers cannot learn which shapes go with which colour. The pixel-set
+    head sees the image as it is. Empty (the default): off."""
     palette_background: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """the background colour the `palette` lines start from (RGB)"""
     condition_head: Literal["film", "pixel_set", "projection"] = "film"
@@ -155,15 +155,16 @@ class ResNetConfig(JSONConfig):
             raise InvalidInputError(f"unknown norm {self.norm!r}; valid choices: ['group', 'instance', 'none']")
         check_attributes("ResNetConfig", self.attributes)
         if self.palette:
-            if self.in_channels != 3 or len(self.palette) < 2:
+            if self.in_channels != 3 or len(self.palette) != 3:
                 raise InvalidInputError(
-                    f"ResNetConfig.palette needs RGB images (in_channels 3, got {self.in_channels}) and at least 2"
-                    f" colours (got {len(self.palette)}); an empty palette switches it off")
-            for colour in self.palette:
-                if max(abs(a - b) for a, b in zip(colour, self.palette_background)) < 1e-3:
-                    raise InvalidInputError(
-                        f"ResNetConfig.palette colour {list(colour)} is the palette_background"
-                        f" {list(self.palette_background)}; every palette colour must differ from it")
+                    f"ResNetConfig.palette needs RGB images (in_channels 3, got {self.in_channels}) and 3 colours"
+                    f" (got {len(self.palette)}); an empty palette switches it off")
+            lines = torch.tensor(self.palette, dtype=torch.float64) - torch.tensor(self.palette_background, dtype=torch.float64)
+            if torch.linalg.svdvals(lines)[-1] < 1e-3:
+                raise InvalidInputError(
+                    f"ResNetConfig.palette {[list(c) for c in self.palette]}: its colours seen from the palette_background"
+                    f" {list(self.palette_background)} must point three different ways (none the background, none a"
+                    " mix of the other two)")
         needed = self.activation_elements()
         if needed > MAX_ACTIVATION_ELEMENTS:
             raise InvalidInputError(
@@ -303,21 +304,22 @@ class PixelSetHead(nn.Module):
 
 
 def palette_blind(x: Tensor, palette: Sequence[Sequence[float]], background: Sequence[float]) -> Tensor:
-    """``x`` with each pixel's part along its nearest palette colour redrawn along the first colour, ``(B, 3, H, W)``.
+    """``x`` with each image's palette colours in a canonical order, ``(B, C, H, W)``: what `canonical_channels`
+    does to the channels, done to the palette's colours.
 
-    A pixel ``x = b + m (c_k - b) + r`` (``b`` the background, ``c_k`` the palette colour whose line from ``b``
-    it projects furthest along, ``m`` its coverage, ``r`` what is off that line) becomes
-    ``b + m (c_0 - b) + r``. The choice of ``k`` is piecewise constant and the map linear within it, so
-    gradients flow to the pixels; images that differ only in which palette colour their objects have give the
-    same result.
+    Each pixel is written in palette coordinates, ``x = b + sum_k a_k (c_k - b)`` (``b`` the background, ``c_k``
+    the palette's colours, a basis), the coordinates ``a_k`` are ordered by their mean over the image, largest
+    first, and the pixel is drawn again from the ordered ones. An object in any palette colour, its anti-aliased
+    edges included, becomes the same object in the first colour; the map is invertible, so whatever else an
+    image holds (a second colour, noise) stays in it, moved with the colours. The order is piecewise constant
+    in ``x``, so gradients flow to the pixels.
     """
-    bg = torch.as_tensor(background, dtype=x.dtype, device=x.device)
-    lines = torch.as_tensor(palette, dtype=x.dtype, device=x.device) - bg  # (K, 3)
-    along = torch.einsum("bchw,kc->bkhw", x - bg[None, :, None, None], lines)  # d . u_k
-    nearest = (along / lines.norm(dim=1)[None, :, None, None]).detach().argmax(dim=1)  # (B, H, W)
-    coverage = (along / (lines * lines).sum(dim=1)[None, :, None, None]).gather(1, nearest[:, None])  # (B, 1, H, W)
-    shift = (lines[0] - lines[nearest]).permute(0, 3, 1, 2)  # (B, 3, H, W)
-    return x + coverage * shift
+    bg = torch.as_tensor(background, dtype=torch.float32, device=x.device)
+    basis = (torch.as_tensor(palette, dtype=torch.float32, device=x.device) - bg).T  # (C, K): colour k's line
+    coords = torch.einsum("kc,bchw->bkhw", torch.linalg.inv(basis).to(x.dtype), x - bg.to(x.dtype)[None, :, None, None])
+    order = coords.detach().mean(dim=(2, 3)).argsort(dim=1, descending=True)  # (B, K)
+    coords = coords.gather(1, order[:, :, None, None].expand_as(coords))
+    return torch.einsum("ck,bkhw->bchw", basis.to(x.dtype), coords) + bg.to(x.dtype)[None, :, None, None]
 
 
 def canonical_channels(x: Tensor) -> Tensor:
