@@ -472,8 +472,8 @@ def test_init_starts_a_run_from_a_trained_models_weights(tmp_path):
     allowed = train_recipe(ranged, tmp_path / "ranged", init=tmp_path / "source" / "model", allow_config_change=True,
                            echo=lines.append)
     assert allowed.model.config.value_range == (-5.0, 5.0)
-    assert [p.detach() for p in allowed.model.parameters()] != [] and all(
-        torch.equal(a.cpu(), b) for a, b in zip(allowed.model.parameters(), source.parameters()))
+    pairs = list(zip(allowed.model.parameters(), source.parameters()))
+    assert pairs and all(torch.equal(a.detach().cpu(), b.detach()) for a, b in pairs)  # the source's weights
     assert any("settings changed: value_range" in line for line in lines)
     assert "value_range" in (tmp_path / "ranged" / "model" / "README.md").read_text()
     with pytest.raises(InvalidInputError, match="its network is not the recipe's"):  # never other weights' shapes
