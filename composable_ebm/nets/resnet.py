@@ -98,7 +98,7 @@ class ResNetConfig(JSONConfig):
     palette: tuple[tuple[float, float, float], ...] = ()
     """three object colours the towers cannot tell apart (RGB, with `palette_background`): each image is written in
     the coordinates of the palette's colours and those are put in a canonical order, by their means, before the
-    towers and any `channel_blind` ordering (`palette_blind`). An object in any palette colour, its anti-aliased
+    towers and any `channel_blind` ordering (`PaletteOrder`). An object in any palette colour, its anti-aliased
     edges included, then reaches the towers as the same object in the first colour, while a second colour in it
     (speckle) stays a second colour; so the towers cannot learn which shapes go with which colour. The pixel-set
     head sees the image as it is. Empty (the default): off."""
@@ -303,23 +303,33 @@ class PixelSetHead(nn.Module):
         return self.out(torch.einsum("bp,bwp->bw", weights, h.flatten(2)))
 
 
-def palette_blind(x: Tensor, palette: Sequence[Sequence[float]], background: Sequence[float]) -> Tensor:
-    """``x`` with each image's palette colours in a canonical order, ``(B, C, H, W)``: what `canonical_channels`
-    does to the channels, done to the palette's colours.
+class PaletteOrder(nn.Module):
+    """Each image with its palette colours in a canonical order, ``(B, C, H, W)``: what `canonical_channels` does to
+    the channels, done to the palette's colours.
 
     Each pixel is written in palette coordinates, ``x = b + sum_k a_k (c_k - b)`` (``b`` the background, ``c_k``
     the palette's colours, a basis), the coordinates ``a_k`` are ordered by their mean over the image, largest
     first, and the pixel is drawn again from the ordered ones. An object in any palette colour, its anti-aliased
     edges included, becomes the same object in the first colour; the map is invertible, so whatever else an
     image holds (a second colour, noise) stays in it, moved with the colours. The order is piecewise constant
-    in ``x``, so gradients flow to the pixels.
+    in ``x``, so gradients flow to the pixels. The basis and its inverse are computed once, as buffers that
+    follow the module's device and are not saved (the config holds the palette).
     """
-    bg = torch.as_tensor(background, dtype=torch.float32, device=x.device)
-    basis = (torch.as_tensor(palette, dtype=torch.float32, device=x.device) - bg).T  # (C, K): colour k's line
-    coords = torch.einsum("kc,bchw->bkhw", torch.linalg.inv(basis).to(x.dtype), x - bg.to(x.dtype)[None, :, None, None])
-    order = coords.detach().mean(dim=(2, 3)).argsort(dim=1, descending=True)  # (B, K)
-    coords = coords.gather(1, order[:, :, None, None].expand_as(coords))
-    return torch.einsum("ck,bkhw->bchw", basis.to(x.dtype), coords) + bg.to(x.dtype)[None, :, None, None]
+
+    def __init__(self, palette: Sequence[Sequence[float]], background: Sequence[float]) -> None:
+        super().__init__()
+        bg = torch.tensor(background, dtype=torch.float64)
+        basis = (torch.tensor(palette, dtype=torch.float64) - bg).T  # (C, K): colour k's line from the background
+        self.register_buffer("background", bg.float()[None, :, None, None], persistent=False)
+        self.register_buffer("basis", basis.float(), persistent=False)
+        self.register_buffer("inverse", torch.linalg.inv(basis).float(), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        bg = self.background.to(x.dtype)
+        coords = torch.einsum("kc,bchw->bkhw", self.inverse.to(x.dtype), x - bg)
+        order = coords.detach().mean(dim=(2, 3)).argsort(dim=1, descending=True)  # (B, K)
+        coords = coords.gather(1, order[:, :, None, None].expand_as(coords))
+        return torch.einsum("ck,bkhw->bchw", self.basis.to(x.dtype), coords) + bg
 
 
 def canonical_channels(x: Tensor) -> Tensor:
@@ -356,6 +366,7 @@ class ResNetEnergy(Pretrained, Energy):
                 )
             towers.append(ResNetTower(c, blocks, cond_dim if c.condition_head in ("film", "projection") else 0))
         self.towers = nn.ModuleList(towers)
+        self.palette = PaletteOrder(c.palette, c.palette_background) if c.palette else None
         self.head = PixelSetHead(c.in_channels, c.stem_channels, cond_dim, c.pixel_pool) if (
             c.condition_head == "pixel_set" and cond_dim) else None
 
@@ -401,8 +412,8 @@ class ResNetEnergy(Pretrained, Energy):
     def _tower_inputs(self, x: Tensor) -> list[Tensor]:
         """What each tower sees: ``x`` (its palette colours made one with a `palette`, then its channels in canonical
         order when channel-blind) pooled to its scale."""
-        if self.config.palette:
-            x = palette_blind(x, self.config.palette, self.config.palette_background)
+        if self.palette is not None:
+            x = self.palette(x)
         if self.config.channel_blind:
             x = canonical_channels(x)
         return [F.avg_pool2d(x, scale) if scale > 1 else x for scale in self.config.scales]
