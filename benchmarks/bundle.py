@@ -29,13 +29,29 @@ from composable_ebm.recipes import load_recipe
 from composable_ebm.training import read_log
 
 CARDS_DIR = ROOT / "model_cards"  # the cards of the bundled models, as rendered into each model folder
+FINE_TUNED = {"color": "shapes-color-palette.toml"}
+"""Bundled models made in two stages: ``recipes/shapes-<attribute>.toml``, then this recipe from its weights
+(``cebm train RECIPE --init FIRST/model --allow-config-change``)."""
 
 
-def _training_minutes(run: Path) -> float:
-    """Wall time of the run, estimated from the logged per-step times."""
-    records = [r for r in read_log(run) if "seconds" in r]
-    steps = max(r["step"] for r in records)
+def _training_minutes(run: Path, until: int | None = None) -> float:
+    """Wall time of the run's first ``until`` steps (all of them by default), estimated from the logged per-step
+    times."""
+    records = [r for r in read_log(run) if "seconds" in r and (until is None or r["step"] <= until)]
+    steps = until or max(r["step"] for r in records)
     return sum(r["seconds"] for r in records) / len(records) * steps / 60
+
+
+def _stages(old_card: str) -> tuple[int, float, int | None, float | None]:
+    """A bundled card's training facts: the first stage's iterations and minutes, then the fine-tune's (None when
+    the model had one stage)."""
+    staged = re.search(r"first stage, (\d+) iterations in about (\d+) minutes; then (\d+) iterations of the"
+                       r" fine-tune in about (\d+) minutes", old_card)
+    if staged:
+        a, b, c, d = staged.groups()
+        return int(a), float(b), int(c), float(d)
+    steps = int(re.search(r"Trained for (\d+) iterations", old_card).group(1))
+    return steps, float(re.search(r"in about (\d+) minutes", old_card).group(1)), None, None
 
 
 def classifier_card() -> None:
@@ -77,25 +93,47 @@ def main() -> None:
                         help="each run's realism curve (benchmarks.realism_curve --label), {attribute} filled in")
     parser.add_argument("--cards-only", action="store_true",
                         help="keep the bundled weights; write their cards (training facts read from the old cards)")
+    parser.add_argument("--fine-tune", nargs="*", default=[], metavar="ATTRIBUTE=RUN:STEP",
+                        help="with --cards-only: the bundled model is the fine-tune of FINE_TUNED, whose run is RUN and"
+                             " whose weights are its STEP-th; the first stage's facts are read from the old card")
     args = parser.parse_args()
     realism = json.loads(args.realism.read_text())["rows"]
     composition = json.loads(args.composition.read_text()) if args.composition.is_file() else None
+    fine_tunes = {}
+    for item in args.fine_tune:
+        attribute, _, where = item.partition("=")
+        run, _, step = where.rpartition(":")
+        if attribute not in FINE_TUNED or not run or not step.isdigit():
+            raise SystemExit(f"--fine-tune {item!r}: write ATTRIBUTE=RUN:STEP with ATTRIBUTE one of {sorted(FINE_TUNED)}")
+        fine_tunes[attribute] = (Path(run), int(step))
     if args.cards_only:
         classifier_card()
     for attribute in ATTRIBUTES:
         run = args.runs / attribute
         name = f"shapes-{attribute}"
         model = load_model(BUNDLED_DIR / name if args.cards_only else run / "model")
-        recipe = ROOT / "recipes" / f"shapes-{attribute}.toml"
+        first_recipe = ROOT / "recipes" / f"shapes-{attribute}.toml"
+        recipe = ROOT / "recipes" / FINE_TUNED[attribute] if attribute in FINE_TUNED else first_recipe
+        tune_steps = tune_minutes = None
         if args.cards_only:
             old = (BUNDLED_DIR / name / "README.md").read_text()
-            minutes = float(re.search(r"in about (\d+) minutes", old).group(1))
-            steps = int(re.search(r"Trained for (\d+) iterations", old).group(1))
+            first_steps, first_minutes, tune_steps, tune_minutes = _stages(old)
+            if attribute in fine_tunes:
+                tune_run, tune_steps = fine_tunes[attribute]
+                tune_minutes = _training_minutes(tune_run, tune_steps)
             device = re.search(r"Trained on (.*?) in about", old).group(1)
         else:
-            minutes = _training_minutes(run)
-            steps = max(r["step"] for r in read_log(run) if "step" in r)
+            if attribute in FINE_TUNED:
+                raise SystemExit(f"shapes-{attribute} is made in two stages: bundle it with --cards-only --fine-tune")
+            first_minutes = _training_minutes(run)
+            first_steps = max(r["step"] for r in read_log(run) if "step" in r)
             device = args.device
+        staged = tune_steps is not None
+        if staged != (attribute in FINE_TUNED):
+            raise SystemExit(f"shapes-{attribute}: its card and FINE_TUNED disagree on whether it was fine-tuned;"
+                             f" pass --fine-tune {attribute}=RUN:STEP")
+        steps = first_steps + (tune_steps or 0)
+        minutes = first_minutes + (tune_minutes or 0)
         rows = [r for r in realism if r["attribute"] == attribute]
         counts = {(r["n"], r.get("coverage_n", r["n"])) for r in rows}
         (n, coverage_n), = counts
@@ -153,10 +191,16 @@ def main() -> None:
                f" weight is multiplied by {scale:g}, so `guided(a + {name}[...])` pulls towards its value"
                f" {scale:g} times as hard as the weight reads (docs/benchmarks.md, screening the guidance scale)."
                if scale != 1 else ""),
-            f"Trained on {device} in about {minutes:.0f} minutes (from the logged step times),"
-            " one thread, sharing the machine's two cores with other training runs. Small, briefly"
+            f"Trained on {device} in about {minutes:.0f} minutes (from the logged step times"
+            + (f"; the first stage, {first_steps} iterations in about {first_minutes:.0f} minutes; then {tune_steps}"
+               f" iterations of the fine-tune in about {tune_minutes:.0f} minutes" if staged else "")
+            + "), one thread, sharing the machine's two cores with other training runs. Small, briefly"
             " trained models: check the accuracies below before relying on a combination.",
-            "", "## Reproduce", "", "```bash", f"cebm train recipes/shapes-{attribute}.toml --out runs/{attribute}",
+            "", "## Reproduce", "", "```bash",
+            *([f"cebm train recipes/shapes-{attribute}.toml --out runs/{attribute}"] if not staged else [
+                f"cebm train recipes/shapes-{attribute}.toml --out runs/{attribute}-base",
+                f"cebm train recipes/{recipe.name} --out runs/{attribute} --init runs/{attribute}-base/model"
+                " --allow-config-change"]),
             "```", "", *quality,
         ])
         evals = [{"task": "unconditional-image-generation", "dataset": "shapes", "metric": "accuracy",

@@ -178,11 +178,14 @@ def shapes_classifier() -> AttributeClassifier:
 
 
 ATTRIBUTES = ("shape", "color", "size", "position")
-ATTRIBUTE_RECIPES = {a: ROOT / "recipes" / f"shapes-{a}.toml" for a in ATTRIBUTES}
-"""The recipes of the bundled models: every chain from noise, flips at most, channel-blind networks."""
+ATTRIBUTE_RECIPES = {a: ROOT / "recipes" / ("shapes-color-palette.toml" if a == "color" else f"shapes-{a}.toml")
+                     for a in ATTRIBUTES}
+"""The recipes of the bundled models: every chain from noise, flips at most, channel-blind networks (the colour
+model's last stage: towers blind to the palette, on the balanced split)."""
 OTHER_RECIPES = [ROOT / "recipes" / folder / f"shapes-{a}.toml" for folder in ("buffered", "short-run")
-                 for a in ATTRIBUTES]
-"""The buffered recipes (the models bundled before; positives channel-permuted) and the short-run ones."""
+                 for a in ATTRIBUTES] + [ROOT / "recipes" / "shapes-color.toml"]
+"""The buffered recipes (the models bundled before; positives channel-permuted), the short-run ones, and the colour
+model's first stage."""
 
 
 @pytest.mark.parametrize("path", sorted([*ATTRIBUTE_RECIPES.values(), *OTHER_RECIPES]),
@@ -378,15 +381,22 @@ def test_a_checkpoint_older_than_a_new_setting_resumes_when_the_recipe_keeps_its
 def test_the_bundled_recipes_networks_cannot_tell_a_red_circle_from_a_green_one():
     """Every bundled recipe's network is channel-blind, and the colour model's condition enters only through
     its pixel-set head: a red circle and the same circle in green (a channel permutation) get one energy from
-    the shape, size and position models, and the colour model's unconditional energy is the same too."""
+    the shape, size and position models, and the colour model's unconditional energy is the same too (its towers
+    are blind to the palette: there the red circle is the green one drawn in the data's red, edges included)."""
     circles = shapes(64, 16, seed=5, split="all")
     keep = (circles.labels["shape"] == 0) & (circles.labels["color"] == 1)  # green circles
     green = circles.images[keep][:4]
-    red = green[:, [1, 0, 2]]  # the same circles with the red and green channels swapped
     for attribute, path in ATTRIBUTE_RECIPES.items():
         recipe = load_recipe(path)
         model = build_model(recipe, build_dataset(replace(recipe.data, n=64))).eval()
         assert model.config.channel_blind
+        if model.config.palette:
+            bg = torch.tensor(model.config.palette_background).view(1, 3, 1, 1)
+            (g, r, _) = (torch.tensor(c).view(1, 3, 1, 1) for c in model.config.palette)
+            assert torch.allclose(green[green.flatten(1).amax(1).argmax()].amax(dim=(1, 2)), g.flatten(), atol=1e-6)
+            red = bg + (green - bg) * (r - bg) / (g - bg)  # each pixel's share of the colour, in red
+        else:
+            red = green[:, [1, 0, 2]]  # the same circles with the red and green channels swapped
         null = {attribute: torch.full((4,), -1)}
         torch.testing.assert_close(model(red, null), model(green, null))
         if attribute != "color":
