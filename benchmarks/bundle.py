@@ -160,6 +160,13 @@ def main() -> None:
                         "| --- | --- | --- | --- | --- |"]
             quality += [f"| {p['step']} | {p['minutes']:.0f} | {p['fid_ratio_median']:.1f} | {p['hf_ratio_median']:.2f} |"
                         f" {p['accuracy_mean']:.3f} |" for p in json.loads(curve_path.read_text())]
+        elif args.cards_only:  # the old card's curve, of the runs that made the weights (or the first stage's)
+            curve = re.search(r"\n((?:The first stage a|A)gainst training time \(.*?\n\n(?:\|.*\n)+)", old)
+            if curve:
+                text = curve.group(1).rstrip("\n")
+                if staged and "first stage" not in text:
+                    text = text.replace("Against training time", "The first stage against training time", 1)
+                quality += ["", *text.split("\n")]
         if composition is not None:
             for form, summary in composition["summaries"].items():
                 picked = [c for c in composition["rows"][form] if attribute in c["target"]]
