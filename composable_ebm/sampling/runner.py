@@ -110,25 +110,63 @@ def resolve_config(energy: Energy, config: SamplerConfig | None, overrides: dict
 
 
 def initial_noise(
-    energy: Energy, n: int, generator: torch.Generator, device: torch.device, init_scale: int = 1
+    energy: Energy, n: int, generator: torch.Generator, device: torch.device, init_scale: int = 1,
+    lead: tuple[tuple[float, float, float], ...] = (), background: tuple[float, float, float] = (0.0, 0.0, 0.0),
 ) -> Tensor:
     """Uniform noise over the value range (standard normal for unbounded energies).
 
     With ``init_scale`` > 1 an image energy's noise is drawn at ``1/init_scale`` of each side and
     upsampled bilinearly: smooth random colour fields, still spanning the value range.
+
+    With ``lead`` (three RGB colours, `SamplerConfig.init_lead`) each colour leads 1 in 3 of the images: an
+    image's noise is drawn again until the colour given to it has the largest mean coordinate, the image written
+    in the colours' coordinates seen from ``background``. Each image is then uniform noise conditioned on which
+    colour leads.
     """
     shape = (n, *energy.input_shape)
     smooth = init_scale > 1 and len(shape) == 4
     if smooth:
         shape = (*shape[:2], *(max(1, -(-s // init_scale)) for s in shape[2:]))
-    if energy.value_range is None:
-        x = torch.randn(shape, generator=generator, device=device)
-    else:
-        lo, hi = energy.value_range
-        x = lo + (hi - lo) * torch.rand(shape, generator=generator, device=device)
-    if smooth:
-        x = F.interpolate(x, size=energy.input_shape[1:], mode="bilinear", align_corners=False)
+
+    def draw(count: int) -> Tensor:
+        if energy.value_range is None:
+            x = torch.randn((count, *shape[1:]), generator=generator, device=device)
+        else:
+            lo, hi = energy.value_range
+            x = lo + (hi - lo) * torch.rand((count, *shape[1:]), generator=generator, device=device)
+        if smooth:
+            x = F.interpolate(x, size=energy.input_shape[1:], mode="bilinear", align_corners=False)
+        return x
+
+    x = draw(n)
+    if lead:
+        if len(shape) != 4 or shape[1] != 3:
+            raise InvalidInputError(f"init_lead needs RGB images (3, H, W); this energy takes {energy.input_shape}")
+        bg = torch.tensor(background, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+        to_lead = torch.linalg.inv(torch.tensor(lead, dtype=torch.float64).T - bg.view(3, 1).double())
+        to_lead = to_lead.to(device=device, dtype=torch.float32)  # (K, C): RGB seen from bg -> the colours' coordinates
+
+        def leading(images: Tensor) -> Tensor:
+            return torch.einsum("kc,bc->bk", to_lead, (images - bg).mean(dim=(2, 3))).argmax(dim=1)  # (B,)
+
+        wanted = torch.randperm(n, generator=generator, device=device) % len(lead)  # each colour 1 in 3, in no order
+        todo = leading(x) != wanted
+        for _ in range(_LEAD_TRIES):
+            if not todo.any():
+                break
+            x[todo] = draw(int(todo.sum()))
+            todo = leading(x) != wanted
+        else:
+            rare = sorted({int(k) for k in wanted[todo]})
+            raise InvalidInputError(
+                f"init_lead: colour(s) {[list(lead[k]) for k in rare]} led none of {_LEAD_TRIES} draws of uniform noise;"
+                " choose colours that each lead some noise, or an empty init_lead")
     return x
+
+
+_LEAD_TRIES = 1000
+"""draws of an image's noise before `initial_noise` gives up on a colour that never leads (the Shapes palette's
+rarest leads 1 in 12 draws)"""
 
 
 def sample(
@@ -174,7 +212,7 @@ def sample(
             raise InvalidInputError(f"n must be a positive integer (the number of samples), got {n!r}")
         dev = torch.device(device) if device is not None else energy.device
         gen = make_generator(seed, generator, dev)
-        x = initial_noise(energy, n, gen, dev, cfg.init_scale)
+        x = initial_noise(energy, n, gen, dev, cfg.init_scale, cfg.init_lead, cfg.init_background)
     else:
         if n is not None and n != x0.shape[0]:
             raise ValueError(f"n={n} disagrees with x0's batch of {x0.shape[0]}")

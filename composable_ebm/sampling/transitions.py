@@ -7,6 +7,7 @@ state caches the energy and gradient of its position, so MALA never recomputes t
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -55,6 +56,14 @@ class SamplerConfig:
     """a model's own setting: which of its attributes ``augment`` leaves unchanged (its recipe records them); a
     composite keeps an augmentation only when every term's bound attributes are among its model's. None: not
     recorded, so a composite with this model runs no augmentation"""
+    init_lead: tuple[tuple[float, float, float], ...] = ()
+    """three RGB colours that take turns to lead the starting noise: each chain's uniform noise is drawn again until
+    the colour given to it (each 1 in 3 of the chains) has the largest mean coordinate of the image, the image
+    written in the colours' coordinates seen from `init_background`. Plain uniform noise leads with the colours
+    unequally (the Shapes palette: green 0.51, red 0.41, blue 0.08 of the images), and a network blind to which
+    of them an object has draws its object from the colour that leads. Empty: plain uniform noise (Algorithm 2)"""
+    init_background: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """the colour that `init_lead`'s coordinates start from (RGB)"""
     guidance_scale: float = 1.0
     """a model's own setting for guided composites: its term ``E(x | c) - E(x | 0)`` is multiplied by it on top
     of the weight written in the expression (classifier-free guidance's scale); no effect on anything else"""
@@ -75,6 +84,7 @@ class SamplerConfig:
                     f"SamplerConfig.augment_preserves must be a list of attribute names, got {self.augment_preserves!r}")
             object.__setattr__(self, "augment_preserves", tuple(self.augment_preserves))
         check_range("SamplerConfig", "guidance_scale", self.guidance_scale, 0.0, 100.0, low_open=True)
+        self._check_init_lead()
         if self.steps < 0 or self.rounds < 1 or self.final_steps < 0:
             raise ValueError(
                 f"need steps >= 0, rounds >= 1, final_steps >= 0; got {self.steps}, {self.rounds}, {self.final_steps}"
@@ -87,6 +97,32 @@ class SamplerConfig:
             raise ValueError(f"unknown method {self.method!r}; valid choices: ['langevin', 'mala']")
         if self.precision not in ("float32", "bfloat16"):
             raise ValueError(f"unknown precision {self.precision!r}; valid choices: ['float32', 'bfloat16']")
+
+    def _check_init_lead(self) -> None:
+        """`init_lead` and `init_background` as tuples of floats; three colours that point three ways, or none."""
+        def colour(value: object, name: str) -> tuple[float, float, float]:
+            if (isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 3
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)):
+                raise InvalidInputError(f"SamplerConfig.{name} must be an RGB colour of three numbers, got {value!r}")
+            return tuple(float(v) for v in value)
+
+        object.__setattr__(self, "init_background", colour(self.init_background, "init_background"))
+        if isinstance(self.init_lead, (str, bytes)) or not hasattr(self.init_lead, "__len__"):
+            raise InvalidInputError(f"SamplerConfig.init_lead must be a list of three RGB colours, got {self.init_lead!r}")
+        if len(self.init_lead) == 0:
+            object.__setattr__(self, "init_lead", ())
+            return
+        if len(self.init_lead) != 3:
+            raise InvalidInputError(
+                f"SamplerConfig.init_lead needs 3 colours (got {len(self.init_lead)}); an empty list switches it off")
+        lead = tuple(colour(c, "init_lead") for c in self.init_lead)
+        object.__setattr__(self, "init_lead", lead)
+        lines = torch.tensor(lead, dtype=torch.float64) - torch.tensor(self.init_background, dtype=torch.float64)
+        if torch.linalg.svdvals(lines)[-1] < 1e-3:
+            raise InvalidInputError(
+                f"SamplerConfig.init_lead {[list(c) for c in lead]}: its colours seen from init_background"
+                f" {list(self.init_background)} must point three different ways (none the background, none a mix of"
+                " the other two)")
 
     @property
     def noise_std(self) -> float:

@@ -173,7 +173,9 @@ class Trainer(TrainingState):
         keeps the label a buffer sample was made under instead; that mix drifts like a
         Polya urn and is there for experiments only.
         """
-        noise = initial_noise(self.energy, n, self.generator, self.device, self.config.sampler.init_scale)
+        sampler = self.config.sampler
+        noise = initial_noise(self.energy, n, self.generator, self.device, sampler.init_scale, sampler.init_lead,
+                              sampler.init_background)
         if len(self.buffer) == 0:
             return self._from_data(noise), dict(pos_labels)
         old, old_labels = self.buffer.sample(n, self.generator)
