@@ -7,6 +7,7 @@ another exception, a hang or an allocation beyond the limits. The counts are pri
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import resource
@@ -256,3 +257,21 @@ def test_new_families_load_or_raise_the_librarys_error(tmp_path, originals, monk
     assert outcomes["size config: loaded"] > 0 and outcomes["size config: ModelFileError"] > 0
     with capsys.disabled():
         print("\nfuzz (new families): " + "; ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+
+
+@pytest.mark.parametrize("word, position", [(-1, 0), (2**32, 0), (5, 625)])
+def test_a_checkpoint_whose_python_rng_state_is_out_of_range_is_one_line(tmp_path, originals, word, position):
+    """A bit flip can leave Python's generator state with a word outside 32 bits (``random.setstate`` then raises
+    OverflowError) or a position past 624: refused as a damaged file, one line, before anything is restored."""
+    from composable_ebm.errors import ModelFileError
+
+    state = torch.load(io.BytesIO(originals["checkpoint"]), weights_only=True)
+    state["rng"]["python"]["internal"][0] = word
+    state["rng"]["python"]["internal"][-1] = position if position else state["rng"]["python"]["internal"][-1]
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save(state, run / "checkpoint.pt")
+    trainer = Trainer(MLPEnergy(MLPConfig(hidden=8, depth=1)), torch.randn(32, 2), _trainer_config(), out_dir=run)
+    with pytest.raises(ModelFileError, match=r"rng\.python is not a state") as err:
+        trainer.resume()
+    assert "\n" not in str(err.value)

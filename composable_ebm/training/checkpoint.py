@@ -51,6 +51,12 @@ def check_state(state: dict[str, Any], path: Path) -> None:
                 found = "missing" if value is KeyError else f"a {type(value).__name__}"
                 raise ModelFileError(f"{path}: {where}{key} is {found}, not a training-state part; the file is damaged"
                                      " or not a checkpoint of cebm train; start fresh with --no-resume")
+    py = state["rng"]["python"]
+    words = py["internal"]  # Mersenne Twister: 624 32-bit words and a position in 0..624
+    if py["version"] != 3 or len(words) != 625 or not all(
+            isinstance(w, int) and not isinstance(w, bool) and 0 <= w < 2**32 for w in words) or words[-1] > 624:
+        raise ModelFileError(f"{path}: rng.python is not a state of Python's random generator (version 3, 624 32-bit"
+                             " words and a position); the file is damaged; start fresh with --no-resume")
 
 
 def save_atomic(payload: dict[str, Any], path: str | Path) -> Path:
