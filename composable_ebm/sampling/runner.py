@@ -156,7 +156,7 @@ def initial_noise(
                 break
             x[todo] = draw(int(todo.sum()))
             todo = leading(x) != wanted
-        else:
+        if todo.any():
             rare = sorted({int(k) for k in wanted[todo]})
             raise InvalidInputError(
                 f"init_lead: colour(s) {[list(lead[k]) for k in rare]} led none of {_LEAD_TRIES} draws of uniform noise;"

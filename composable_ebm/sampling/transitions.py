@@ -60,7 +60,7 @@ class SamplerConfig:
     """three RGB colours that take turns to lead the starting noise: each chain's uniform noise is drawn again until
     the colour given to it (each 1 in 3 of the chains) has the largest mean coordinate of the image, the image
     written in the colours' coordinates seen from `init_background`. Plain uniform noise leads with the colours
-    unequally (the Shapes palette: green 0.51, red 0.41, blue 0.08 of the images), and a network blind to which
+    unequally (the Shapes palette: green 0.51, red 0.41, blue 0.08 of 16x16 images), and a network blind to which
     of them an object has draws its object from the colour that leads. Empty: plain uniform noise (Algorithm 2)"""
     init_background: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """the colour that `init_lead`'s coordinates start from (RGB)"""
