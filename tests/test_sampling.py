@@ -342,8 +342,8 @@ def _leading_colour(x: torch.Tensor) -> torch.Tensor:
 
 def test_plain_uniform_noise_lets_the_shapes_colours_lead_unequally_and_init_lead_evens_them(image_energy):
     """Plain noise: blue leads far fewer images than green (on 16x16 images 1 in 12 against 1 in 2; on these 8x8
-    ones about 1 in 6 against 2 in 5); with init_lead each colour leads
-    exactly a third of the chains, every image is still noise in the value range, and the same seed repeats it."""
+    ones about 1 in 6 against 2 in 5). With init_lead each colour leads exactly a third of the chains, every image
+    is still uniform noise in the value range, and the same seed repeats it."""
     from composable_ebm.sampling import initial_noise
 
     cpu = torch.device("cpu")
