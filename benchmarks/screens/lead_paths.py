@@ -14,17 +14,11 @@ import torch
 
 from benchmarks._shapes import load_spec
 from composable_ebm.persistence import load_model
+from composable_ebm.sampling import leading_colour
 
 LEAD = ((0.12, 0.80, 0.15), (0.90, 0.12, 0.12), (0.15, 0.25, 0.95))  # the data's green, red and blue
 LEAD_NAMES = ("green", "red", "blue")
 BACKGROUND = (0.08, 0.08, 0.08)
-
-
-def leading(x: torch.Tensor) -> torch.Tensor:
-    """The index in `LEAD` of the colour with the largest mean coordinate of each image, ``(B,)``."""
-    bg = torch.tensor(BACKGROUND).view(1, 3, 1, 1)
-    to_lead = torch.linalg.inv(torch.tensor(LEAD).T - bg.view(3, 1))
-    return torch.einsum("kc,bc->bk", to_lead, (x - bg).mean(dim=(2, 3))).argmax(dim=1)
 
 
 def main() -> None:
@@ -37,7 +31,7 @@ def main() -> None:
     (attribute, values), = model.attributes.items()
     for index, value in enumerate(values):
         x0 = torch.rand(n, 3, 16, 16, generator=torch.Generator().manual_seed(seed + index))
-        lead = leading(x0)
+        lead = leading_colour(x0, LEAD, BACKGROUND)
         read = classifier.predict(model.condition(**{attribute: value}).sample(n, seed=seed + index, x0=x0))
         large = (read["size"] == 1).float()
         right = (read[attribute] == index).float()

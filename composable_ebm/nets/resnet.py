@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composable_ebm.configs import MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_size
+from composable_ebm.configs import (MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSONConfig, check_attributes,
+                                    check_colour_basis, check_size)
 from composable_ebm.energy import NULL, Energy, Labels
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.layers import Norm, ResBlock, SelfAttention, Swish, conv
@@ -159,12 +160,7 @@ class ResNetConfig(JSONConfig):
                 raise InvalidInputError(
                     f"ResNetConfig.palette needs RGB images (in_channels 3, got {self.in_channels}) and 3 colours"
                     f" (got {len(self.palette)}); an empty palette switches it off")
-            lines = torch.tensor(self.palette, dtype=torch.float64) - torch.tensor(self.palette_background, dtype=torch.float64)
-            if torch.linalg.svdvals(lines)[-1] < 1e-3:
-                raise InvalidInputError(
-                    f"ResNetConfig.palette {[list(c) for c in self.palette]}: its colours seen from the palette_background"
-                    f" {list(self.palette_background)} must point three different ways (none the background, none a"
-                    " mix of the other two)")
+            check_colour_basis("ResNetConfig", "palette", self.palette, "palette_background", self.palette_background)
         needed = self.activation_elements()
         if needed > MAX_ACTIVATION_ELEMENTS:
             raise InvalidInputError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -142,26 +142,39 @@ def initial_noise(
     if lead:
         if len(shape) != 4 or shape[1] != 3:
             raise InvalidInputError(f"init_lead needs RGB images (3, H, W); this energy takes {energy.input_shape}")
-        bg = torch.tensor(background, dtype=torch.float32, device=device).view(1, 3, 1, 1)
-        to_lead = torch.linalg.inv(torch.tensor(lead, dtype=torch.float64).T - bg.view(3, 1).double())
-        to_lead = to_lead.to(device=device, dtype=torch.float32)  # (K, C): RGB seen from bg -> the colours' coordinates
-
-        def leading(images: Tensor) -> Tensor:
-            return torch.einsum("kc,bc->bk", to_lead, (images - bg).mean(dim=(2, 3))).argmax(dim=1)  # (B,)
-
+        frame = _lead_frame(lead, background, device)
         wanted = torch.randperm(n, generator=generator, device=device) % len(lead)  # each colour 1 in 3, in no order
-        todo = leading(x) != wanted
+        todo = _leading(x, *frame) != wanted
         for _ in range(_LEAD_TRIES):
             if not todo.any():
                 break
             x[todo] = draw(int(todo.sum()))
-            todo = leading(x) != wanted
+            todo = _leading(x, *frame) != wanted
         if todo.any():
             rare = sorted({int(k) for k in wanted[todo]})
             raise InvalidInputError(
                 f"init_lead: colour(s) {[list(lead[k]) for k in rare]} led none of {_LEAD_TRIES} draws of uniform noise;"
                 " choose colours that each lead some noise, or an empty init_lead")
     return x
+
+
+def leading_colour(images: Tensor, lead: Sequence[Sequence[float]], background: Sequence[float]) -> Tensor:
+    """The index in ``lead`` (three RGB colours) of the colour with the largest mean coordinate of each image
+    ``(B, 3, H, W)``, the image written in the colours' coordinates seen from ``background``; ``(B,)``."""
+    return _leading(images, *_lead_frame(lead, background, images.device))
+
+
+def _lead_frame(lead: Sequence[Sequence[float]], background: Sequence[float],
+                device: torch.device) -> tuple[Tensor, Tensor]:
+    """``(K, C)`` map from RGB seen from the background to the colours' coordinates, and the background
+    ``(1, C, 1, 1)``."""
+    bg = torch.tensor(background, dtype=torch.float64)
+    to_lead = torch.linalg.inv(torch.tensor(lead, dtype=torch.float64).T - bg.view(3, 1))
+    return to_lead.to(device=device, dtype=torch.float32), bg.to(device=device, dtype=torch.float32).view(1, 3, 1, 1)
+
+
+def _leading(images: Tensor, to_lead: Tensor, bg: Tensor) -> Tensor:
+    return torch.einsum("kc,bc->bk", to_lead, (images - bg).mean(dim=(2, 3))).argmax(dim=1)  # (B,)
 
 
 _LEAD_TRIES = 1000

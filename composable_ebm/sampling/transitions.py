@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from composable_ebm.configs import MAX_TOTAL_STEPS, check_range, check_size
+from composable_ebm.configs import MAX_TOTAL_STEPS, check_colour_basis, check_range, check_size
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling.augment import AugmentConfig
 
@@ -117,12 +117,7 @@ class SamplerConfig:
                 f"SamplerConfig.init_lead needs 3 colours (got {len(self.init_lead)}); an empty list switches it off")
         lead = tuple(colour(c, "init_lead") for c in self.init_lead)
         object.__setattr__(self, "init_lead", lead)
-        lines = torch.tensor(lead, dtype=torch.float64) - torch.tensor(self.init_background, dtype=torch.float64)
-        if torch.linalg.svdvals(lines)[-1] < 1e-3:
-            raise InvalidInputError(
-                f"SamplerConfig.init_lead {[list(c) for c in lead]}: its colours seen from init_background"
-                f" {list(self.init_background)} must point three different ways (none the background, none a mix of"
-                " the other two)")
+        check_colour_basis("SamplerConfig", "init_lead", lead, "init_background", self.init_background)
 
     @property
     def noise_std(self) -> float:
