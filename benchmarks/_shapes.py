@@ -26,7 +26,7 @@ def border_colour(x: torch.Tensor) -> torch.Tensor:
 def border_tint(x: torch.Tensor) -> float:
     """The background's tint of a batch ``(B, C, H, W)``: the largest difference between a channel's mean over the
     border pixels and the data's flat dark-grey background (about 0.005 for renders)."""
-    from composable_ebm.data.datasets import _BACKGROUND
+    from composable_ebm.data.shapes import _BACKGROUND
 
     return float((border_colour(x).mean(0) - torch.as_tensor(_BACKGROUND, dtype=x.dtype)).abs().max())
 

@@ -36,7 +36,7 @@ import torch
 from benchmarks._report import machine, write_section
 from benchmarks._shapes import ROOT
 from composable_ebm import compositional_accuracy, shapes
-from composable_ebm.data.datasets import SHAPES_ATTRIBUTES
+from composable_ebm.data import SHAPES_ATTRIBUTES
 from composable_ebm.energy import value_index
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.expression import parse_expression

@@ -18,7 +18,8 @@ _EXPORTS = {
     **dict.fromkeys(["NULL", "Conditioned", "Disjunction", "Energy", "Guided", "Labels", "WeightedSum", "guided"],
                     "composable_ebm.energy"),
     **dict.fromkeys(["BlockSpec", "MLPConfig", "MLPEnergy", "ResNetConfig", "ResNetEnergy"], "composable_ebm.nets"),
-    **dict.fromkeys(["AugmentConfig", "SampleResult", "SamplerConfig", "sample"], "composable_ebm.sampling"),
+    **dict.fromkeys(["AugmentConfig", "SampleResult", "SamplerConfig", "SamplingDefaults"], "composable_ebm.sampling"),
+    "sample": "composable_ebm.pipeline",
     **dict.fromkeys(["ReplayBuffer", "Trainer", "TrainerConfig", "TrainingDiverged"], "composable_ebm.training"),
     **dict.fromkeys(["ImageDataset", "attribute_folder", "cifar10", "digits", "shapes"], "composable_ebm.data"),
     **dict.fromkeys(["AttributeClassifier", "ClassifierConfig", "InceptionV3Features", "auroc", "compositional_accuracy",
@@ -31,11 +32,14 @@ _EXPORTS = {
 _RENAMED = {"load": ("composable_ebm.persistence", "load_model"), "push": ("composable_ebm.persistence", "push_to_hub"),
             "save": ("composable_ebm.persistence", "save_model")}
 _SUBMODULES = {"analytic", "atomic", "cli", "configs", "data", "energy", "errors", "evaluation", "expression", "hub",
-               "images", "model_cards", "nets", "persistence", "recipes", "runs", "sampling", "studio", "training"}
+               "images", "model_cards", "nets", "persistence", "pipeline", "recipes", "registry", "runs", "sampling", "studio",
+               "training"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
+        if _EXPORTS[name] == "composable_ebm.energy":
+            importlib.import_module("composable_ebm.pipeline")  # installs Energy.sample
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
     elif name in _RENAMED:
         module, attr = _RENAMED[name]
@@ -75,7 +79,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from composable_ebm.images import chain_strip, image_grid, save_chain_strip, save_image_grid
     from composable_ebm.runs import TrainedRun, load_run, train_recipe
     from composable_ebm.nets import BlockSpec, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
-    from composable_ebm.sampling import AugmentConfig, SampleResult, SamplerConfig, sample
+    from composable_ebm.pipeline import sample
+    from composable_ebm.sampling import AugmentConfig, SampleResult, SamplerConfig, SamplingDefaults
     from composable_ebm.training import ReplayBuffer, Trainer, TrainerConfig, TrainingDiverged
 
 __all__ = [
@@ -100,6 +105,7 @@ __all__ = [
     "ResNetEnergy",
     "SampleResult",
     "SamplerConfig",
+    "SamplingDefaults",
     "Trainer",
     "TrainedRun",
     "TrainerConfig",

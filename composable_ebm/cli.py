@@ -38,9 +38,12 @@ class _Group(TyperGroup):
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise  # typer's own: help, exits
         except Exception as err:
-            if ctx.meta.get(DEBUG_KEY):
-                raise
             code = exit_code_for(err)
+            if ctx.meta.get(DEBUG_KEY):  # the traceback, and the exit status the error has without --debug
+                import traceback
+
+                traceback.print_exc()
+                raise typer.Exit(BUG_EXIT_CODE if code is None else code) from err
             if code is None:
                 typer.secho(f"error: {bug_line(err)}", fg=typer.colors.RED, err=True)
                 raise typer.Exit(BUG_EXIT_CODE) from err
@@ -154,9 +157,9 @@ def _noise(text: str | None) -> float | str | None:
         raise typer.BadParameter(f"must be a number or 'exact', got {text!r}") from None
 
 
-# the choices are the library's own (SamplerConfig's fields, sampling.FORMS), written here so that `cebm --help`
-# does not import torch; tests/test_cli.py checks that they agree
-Method = Literal["langevin", "mala"]
+# the choices are the library's own (SamplerConfig's fields, pipeline.FORMS), written here so that `cebm --help`
+# does not import torch; tests/test_cli.py checks that they agree. Sampler methods come from a registry, so
+# --method takes any name and the library checks it (one line naming the registered ones).
 Precision = Literal["float32", "bfloat16"]
 Form = Literal["auto", "plain", "guided"]
 
@@ -164,7 +167,8 @@ StepsOpt = Annotated[Optional[int], typer.Option(min=1, help="Langevin steps per
 RoundsOpt = Annotated[Optional[int], typer.Option(min=1, help="Augmentation rounds (Algorithm 2).")]
 StepSizeOpt = Annotated[Optional[float], typer.Option("--step-size", min=0.0, help="Langevin step size.")]
 PrecisionOpt = Annotated[Optional[Precision], typer.Option(help="Autocast for the energy (default: the model's).")]
-MethodOpt = Annotated[Optional[Method], typer.Option(help="Sampler (default: the model's).")]
+MethodOpt = Annotated[Optional[str], typer.Option(
+    help="Sampler: langevin, mala, or another registered method (default: the model's).")]
 NoiseOpt = Annotated[Optional[str], typer.Option(parser=_noise, metavar="NUMBER|exact",
                                                  help="Noise std per step, or 'exact' for sqrt(2 * step size).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
@@ -253,12 +257,12 @@ def compose(
     \b
     Example: cebm compose "shapes-color[color=red] + shapes-shape[shape=circle]" -n 16 -o grid.png
     """
-    from composable_ebm.sampling import composition_form
+    from composable_ebm.pipeline import composed
 
     _check_outputs(output, options["chain"])
-    energy = composition_form(_load_expression(expression, _device(options["device"]), options["refresh"]), form)
-    typer.echo(f"sampling {energy.expression()}")
-    _sample_to_files(energy, output, **options)
+    energy = _load_expression(expression, _device(options["device"]), options["refresh"])
+    typer.echo(f"sampling {composed(energy, form).expression()}")
+    _sample_to_files(energy, output, form=form, **options)
 
 
 @app.command()
@@ -273,7 +277,7 @@ def sample(
     model, with the same options.
 
     \b
-    Example: cebm sample shapes-color --condition color=blue -n 16 -o blue.png --method mala
+    Example: cebm sample shapes-color --condition color=blue -n 16 -o blue.png --steps 80
     """
     _check_outputs(output, options["chain"])
     energy = _load_energy(model, _device(options["device"]), options["refresh"])
@@ -327,10 +331,11 @@ def _load_expression(expression: str, device: torch.device, refresh: bool = Fals
 
 
 def _sample_to_files(energy, output: Path, *, n: int, seed: int, chain: Path | None, scale: int | None, progress: bool,
-                     **options: Any) -> None:
-    """Sample ``energy`` with the command's sampler settings and write the grid (and the chain strip)."""
+                     form: str = "auto", **options: Any) -> None:
+    """Sample ``energy`` through the pipeline with the command's sampler settings and write the grid (and the chain
+    strip)."""
     from composable_ebm.images import save_chain_strip, save_image_grid, save_scatter
-    from composable_ebm.sampling import sample as run_sampler
+    from composable_ebm.pipeline import sample as run_pipeline
 
     overrides = _overrides(**options)
     images = len(energy.input_shape) == 3
@@ -338,7 +343,7 @@ def _sample_to_files(energy, output: Path, *, n: int, seed: int, chain: Path | N
         raise ValueError(f"--chain draws image strips; this energy takes inputs of shape {energy.input_shape}")
     total = (overrides.get("steps") or 0) * (overrides.get("rounds") or 1)
     keep = max(1, total // 10) if chain is not None and total else (4 if chain is not None else 0)
-    result = run_sampler(energy, n, seed=seed, progress=progress, keep_every=keep, **overrides)
+    result = run_pipeline(energy, n, form=form, seed=seed, progress=progress, keep_every=keep, **overrides)
     if images:
         save_image_grid(result.samples, output, scale=scale)
     elif energy.input_shape == (2,):
@@ -474,15 +479,16 @@ def eval_compose(
     Example: cebm eval compose "shapes-color[color=red] + shapes-shape[shape=circle]" --classifier shapes-classifier -t color=red -t shape=circle
     """
     from composable_ebm.evaluation import compositional_accuracy
-    from composable_ebm.sampling import composition_form
-    from composable_ebm.sampling import sample as run_sampler
+    from composable_ebm.pipeline import composed
+    from composable_ebm.pipeline import sample as run_pipeline
 
     dev = _device(device)
-    energy = composition_form(_load_expression(expression, dev, refresh), form)
+    energy = _load_expression(expression, dev, refresh)
     clf = _load_classifier(classifier, dev, refresh)
-    samples = run_sampler(energy, n, seed=seed, progress=True, **_overrides(steps=steps, rounds=rounds, step_size=step_size)).samples
+    samples = run_pipeline(energy, n, form=form, seed=seed, progress=True,
+                           **_overrides(steps=steps, rounds=rounds, step_size=step_size)).samples
     score = compositional_accuracy(samples, clf, _parse_bindings(target))
-    typer.echo(json.dumps({"expression": energy.expression(), "n": score.n, "per_attribute": score.per_attribute,
+    typer.echo(json.dumps({"expression": composed(energy, form).expression(), "n": score.n, "per_attribute": score.per_attribute,
                            "joint": score.joint}, indent=2))
 
 

@@ -45,18 +45,6 @@ def check_attributes(owner: str, attributes: dict[str, tuple[str, ...]]) -> None
             raise InvalidInputError(f"{owner}.attributes[{name!r}] must list 1 to 4096 distinct value names")
 
 
-def check_colour_basis(owner: str, name: str, colours, background_name: str, background) -> None:
-    """Raise `InvalidInputError` unless the RGB ``colours``, seen from ``background``, point three different ways
-    (none the background, none a mix of the other two): they must be a basis of the colour space."""
-    import torch  # the configs stay importable without torch until a colour basis is checked
-
-    lines = torch.tensor(colours, dtype=torch.float64) - torch.tensor(background, dtype=torch.float64)
-    if torch.linalg.svdvals(lines)[-1] < 1e-3:
-        raise InvalidInputError(
-            f"{owner}.{name} {[list(c) for c in colours]}: its colours seen from the {background_name}"
-            f" {list(background)} must point three different ways (none the background, none a mix of the other two)")
-
-
 def check_size(owner: str, name: str, value: int, low: int = 1, high: int = MAX_WIDTH) -> None:
     """Raise `InvalidInputError` unless ``low <= value <= high`` (``value`` an integer)."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -208,7 +196,7 @@ def check_range(owner: str, name: str, value: float, low: float | None = None, h
                 low_open: bool = False, high_open: bool = False) -> None:
     """Raise `InvalidInputError` unless ``value`` is finite and within ``[low, high]`` (ends
     open as asked)."""
-    ok = isinstance(value, (int, float)) and math.isfinite(value)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if ok and low is not None:
         ok = value > low if low_open else value >= low
     if ok and high is not None:

@@ -11,18 +11,16 @@ energy means more likely, ``p(x) ∝ exp(-E(x))``. Every algebra operation retur
 - ``a / T``: temperature, ``E_a / T``;
 - ``a.condition(attr=value)``: binds attributes of a conditional model.
 
-Each energy knows how it is sampled by default: its own settings (`Energy.sampler_config`), or,
-for a composite, settings derived from its parts (`Energy.derived_sampler_config`) and, for a sum of
-conditioned models, its guided form (`Energy.composed`). The sampler (`composable_ebm.sampling`, the
-layer below) runs chains on any energy through these methods and knows no composite class.
+An energy knows nothing of sampling: how an expression is sampled (its guided form, a model's own settings,
+the generator) is decided in one place above it, `composable_ebm.pipeline`, which ``energy.sample(n)``
+hands itself to. This module imports no sampler.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from numbers import Real
 from typing import Any
 
@@ -30,7 +28,6 @@ import torch
 from torch import Tensor, nn
 
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.sampling import FORMS, SamplerConfig, SampleResult, sample
 
 Labels = Mapping[str, Tensor]
 """Per-item attribute values: attribute name -> integer value indices of shape ``(B,)``
@@ -69,7 +66,6 @@ class Energy(nn.Module):
         self.attributes: dict[str, tuple[str, ...]] = {
             name: tuple(values) for name, values in (attributes or {}).items()
         }
-        self._sampler_config: SamplerConfig | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -212,58 +208,14 @@ class Energy(nn.Module):
         return not self.attributes
 
     # ---------------------------------------------------------------- sampling
-    @property
-    def sampler_config(self) -> SamplerConfig | None:
-        """Sampling settings set on this energy (a trained model carries its recipe's), or ``None``.
-
-        A composite has none of its own: `derived_sampler_config` derives its defaults from its parts.
-        """
-        return self._sampler_config
-
-    @sampler_config.setter
-    def sampler_config(self, config: SamplerConfig | None) -> None:
-        self._sampler_config = config
-
-    def derived_sampler_config(self) -> SamplerConfig | None:
-        """The settings ``sample(n)`` uses when none are given, ``None`` when neither this energy nor any
-        part has settings (the sampler's defaults apply; see `composable_ebm.sampling.default_sampler_config`).
-
-        An energy's own settings (a trained model carries its recipe's); a conditioned model its base's; a
-        composite (weighted sum, guided sum, disjunction) its first part's, with these rules:
-
-        - the step size of a plain sum is the part's divided by the number of terms (the authors' composition
-          scripts), not by the weights: a temperature ``/ T`` then scales the gradient against fixed noise,
-          so it widens (T > 1) or sharpens (T < 1) the samples (dividing by the total weight cancelled it);
-        - a guided sum ``E_0 + sum_i w_i (E_i(x | c_i) - E_i(x | 0))`` keeps the part's step size and steps,
-          so each term's guidance moves the chain as far as that model moves it alone, over the chain its
-          model was trained on (longer chains measured worse on the bundled models: docs/benchmarks.md);
-        - augmentation transitions only when every part's own settings use the same one and record
-          (``augment_preserves``) that it leaves the attributes the part is bound to unchanged: an
-          augmentation one model ignores (a flip, for a shape model) can change what another is bound to
-          (left or right).
-        """
-        return self.sampler_config
-
-    def composed(self, form: str = "auto") -> Energy:
-        """The energy a sampler runs for this one in ``form`` (one of `composable_ebm.sampling.FORMS`).
-
-        ``auto``: a weighted sum of two or more conditioned models that all have a trained null condition
-        (label dropout) becomes its guided form ``E_0 + sum_i w_i (E_i(x | c_i) - E_i(x | 0))``, which
-        composes the bundled models far better than the plain sum (docs/benchmarks.md); anything else is
-        sampled as written. ``plain``: as written. ``guided``: `guided` of it (a ``ValueError`` naming the
-        term that has no guided form).
-        """
-        if form not in FORMS:
-            raise InvalidInputError(f"unknown composition form {form!r}; valid choices: {list(FORMS)}")
-        return guided(self) if form == "guided" else self
-
     def sample(self, n: int, **kwargs: Any) -> Tensor:
-        """Draw ``n`` samples ``(n, *input_shape)`` with Algorithm 2; see `composable_ebm.sampling.sample`."""
-        return sample(self, n, **kwargs).samples
+        """Draw ``n`` samples ``(n, *input_shape)``: `composable_ebm.pipeline.sample` (Algorithm 2, in the guided
+        form for a sum of conditioned models, with the models' own settings); ``seed=`` makes it repeat."""
+        return _pipeline()(self, n, **kwargs).samples
 
-    def sample_chain(self, n: int, **kwargs: Any) -> SampleResult:
-        """Like `sample` but returns the whole `SampleResult`."""
-        return sample(self, n, **kwargs)
+    def sample_chain(self, n: int, **kwargs: Any) -> Any:
+        """Like `sample` but returns the whole `composable_ebm.sampling.SampleResult`."""
+        return _pipeline()(self, n, **kwargs)
 
     # ----------------------------------------------------------------- algebra
     def __add__(self, other: object) -> Energy:
@@ -343,27 +295,6 @@ def _check_compatible(parts: Sequence[Energy]) -> tuple[tuple[int, ...], tuple[f
     return first.input_shape, first.value_range
 
 
-def _derive_from_parts(composite: WeightedSum | Disjunction | Guided) -> SamplerConfig | None:
-    """A composite's own settings, else its first part's, with an augmentation only where every part shares
-    it and preserves what the part is bound to, and a guidance scale of 1 (a part's scale acts in its term)."""
-    if composite.sampler_config is not None:
-        return composite.sampler_config
-    parts = [t.derived_sampler_config() for t in composite.terms]
-    first = next((c for c in parts if c is not None), None)
-    if first is None:
-        return None
-    shared = len({c.augment if c is not None else None for c in parts}) == 1  # no settings: no augmentation
-    keeps = shared and all(_preserves(t, c) for t, c in zip(composite.terms, parts))
-    return dataclasses.replace(first, augment=first.augment if keeps else None, guidance_scale=1.0)
-
-
-def _preserves(term: Energy, config: SamplerConfig | None) -> bool:
-    """Whether ``term``'s own augmentation is recorded to leave every attribute it is bound to unchanged."""
-    bound = set(term.bound) if isinstance(term, Conditioned) else set()
-    kept = config.augment_preserves if config is not None else None
-    return not bound or (kept is not None and bound <= set(kept))
-
-
 def _format_weight(w: float) -> str:
     return repr(float(w))
 
@@ -414,21 +345,6 @@ class WeightedSum(Energy):
             total = total + w * term(x)
         return total
 
-    def composed(self, form: str = "auto") -> Energy:
-        """Its guided form under ``auto`` when every term is a conditioned model with a trained null
-        condition (see `Energy.composed`)."""
-        if form == "auto" and len(self.terms) > 1 and all(
-                isinstance(t, Conditioned) and t.base.has_null_condition for t in self.terms):
-            return guided(self)
-        return super().composed(form)
-
-    def derived_sampler_config(self) -> SamplerConfig | None:
-        """The first part's settings, its step size divided by the number of terms (`Energy.derived_sampler_config`)."""
-        if self.sampler_config is not None:
-            return self.sampler_config
-        first = _derive_from_parts(self)
-        return None if first is None else dataclasses.replace(first, step_size=first.step_size / len(self.terms))
-
     def expression(self) -> str:
         """The sum as text, e.g. ``(color[red] + 2.0 * shape[circle])``."""
         parts = []
@@ -462,10 +378,6 @@ class Disjunction(Energy):
         stacked = torch.stack([t(x) for t in self.terms], dim=1)  # (B, K)
         return -torch.logsumexp(-stacked, dim=1)
 
-    def derived_sampler_config(self) -> SamplerConfig | None:
-        """The first part's settings (`Energy.derived_sampler_config`)."""
-        return _derive_from_parts(self)
-
     def expression(self) -> str:
         """The disjunction as text, e.g. ``(color[red] | color[blue])``."""
         return "(" + " | ".join(t.expression() for t in self.terms) + ")"
@@ -492,10 +404,6 @@ class Conditioned(Energy):
         merged: dict[str, Any] = dict(labels or {})
         merged.update(self.bound)
         return self.base(x, merged)
-
-    def derived_sampler_config(self) -> SamplerConfig | None:
-        """Its own settings, else its base's."""
-        return self.sampler_config or self.base.derived_sampler_config()
 
     def expression(self) -> str:
         """The base's expression with its bound values, e.g. ``color[red]``."""
@@ -526,18 +434,23 @@ class Guided(Energy):
     negation ``E(x | a) - w (E(x | b) - E(x | 0))``. A plain sum ``E(x | a) + E(x | b)`` counts
     ``p(x)`` twice, and a weight amplifies a model's bias along with its attribute.
 
-    A model's guidance scale (``SamplerConfig.guidance_scale`` in its own settings, 1 when it has none)
-    multiplies its term's weight, as classifier-free guidance scales a model's pull: the weights written
-    in the expression are relative to each model's own scale, which its card names.
+    Each term has a guidance scale, given when the node is built (1 by default), that multiplies its weight, as
+    classifier-free guidance scales a model's pull: the pipeline passes each model's own scale
+    (`composable_ebm.sampling.SamplingDefaults.guidance_scale`, which its card names), so the weights written in
+    the expression are relative to it. The energy's value depends only on what the node was built with.
 
     Every term's conditioned and unconditional energies come from one network call
     (`Energy.conditioned_and_null`: a batch of ``2B``, or the shared layers once where the condition enters
     late). Build it with `guided`.
     """
 
-    def __init__(self, weights: Sequence[float], terms: Sequence[Conditioned]) -> None:
+    def __init__(self, weights: Sequence[float], terms: Sequence[Conditioned],
+                 scales: Sequence[float] | None = None) -> None:
         if len(weights) != len(terms) or not terms:
             raise ValueError("Guided needs one weight per term and at least one term")
+        scales = [1.0] * len(terms) if scales is None else [float(s) for s in scales]
+        if len(scales) != len(terms) or not all(math.isfinite(s) and s > 0 for s in scales):
+            raise ValueError(f"Guided needs one finite positive guidance scale per term, got {scales}")
         input_shape, value_range = _check_compatible(terms)
         super().__init__(input_shape, value_range)
         for term in terms:
@@ -547,12 +460,9 @@ class Guided(Energy):
                     f" {term.expression()} is not one"
                 )
         self.weights: tuple[float, ...] = tuple(float(w) for w in weights)
+        self.scales: tuple[float, ...] = tuple(scales)
+        """each term's guidance scale, multiplying its weight"""
         self.terms = nn.ModuleList(terms)
-
-    @property
-    def scales(self) -> tuple[float, ...]:
-        """Each term's model's guidance scale (1 for a model without settings of its own)."""
-        return tuple(getattr(t.base.sampler_config, "guidance_scale", 1.0) for t in self.terms)
 
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
         """``mean_i E_i(x | 0) + sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))`` (``s_i``: `scales`), ``(B,)``."""
@@ -577,10 +487,6 @@ class Guided(Energy):
             out.append(term.base.conditioned_and_null(x, codes))
         return out
 
-    def derived_sampler_config(self) -> SamplerConfig | None:
-        """The first part's settings (`Energy.derived_sampler_config`)."""
-        return _derive_from_parts(self)
-
     def expression(self) -> str:
         """The guided sum as text, e.g. ``guided(color[red] + shape[circle])``."""
         return "guided" + WeightedSum(self.weights, list(self.terms)).expression()
@@ -589,16 +495,33 @@ class Guided(Energy):
         return self.expression()
 
 
-def guided(energy: Energy) -> Guided:
+def guided(energy: Energy, scales: Callable[[Conditioned], float] | None = None) -> Guided:
     """The guided form of a sum of conditioned models: ``guided(red + circle - 0.5 * square)`` is
     ``E_0 + (E(x|red) - E(x|0)) + (E(x|circle) - E(x|0)) - 0.5 (E(x|square) - E(x|0))``, with ``E_0`` the
     mean of the terms' unconditional energies; see `Guided`.
 
     Takes one conditioned model or a weighted sum of them; anything else (a disjunction, an
     unconditioned model, a model without a trained null condition) is a ``ValueError`` naming it.
+    ``scales`` gives each term's guidance scale (default 1).
     """
     if isinstance(energy, Guided):
         return energy
-    if isinstance(energy, WeightedSum):
-        return Guided(energy.weights, list(energy.terms))
-    return Guided([1.0], [energy])
+    weights, terms = (energy.weights, list(energy.terms)) if isinstance(energy, WeightedSum) else ([1.0], [energy])
+    return Guided(weights, terms, None if scales is None else [scales(t) for t in terms])
+
+
+_SAMPLE: Callable[..., Any] | None = None
+
+
+def use_pipeline(sample: Callable[..., Any]) -> None:
+    """Install the function ``Energy.sample`` hands itself to (`composable_ebm.pipeline.sample` installs itself on
+    import): the energy layer knows the pipeline only through this hook, so it imports nothing above it."""
+    global _SAMPLE
+    _SAMPLE = sample
+
+
+def _pipeline() -> Callable[..., Any]:
+    if _SAMPLE is None:
+        raise RuntimeError("no sampling pipeline is installed: import composable_ebm.pipeline (composable_ebm.load and"
+                           " the package's sample do) before calling Energy.sample")
+    return _SAMPLE

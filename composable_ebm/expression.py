@@ -10,7 +10,8 @@ Grammar (lowest precedence first)::
 ``MODEL`` is anything `composable_ebm.persistence.load_model` accepts (a folder, a bundled
 name, ``org/name`` or ``org/name@revision``). A ``-`` or ``/`` inside a name belongs to the name (paths, Hub ids), so
 write the minus and division operators with spaces around them. Each model is loaded once, however often it appears.
-``guided(a + b - 0.5 * c)`` is the guided form of a sum of conditioned models (`composable_ebm.energy.guided`).
+``guided(a + b - 0.5 * c)`` is the guided form of a sum of conditioned models (`composable_ebm.energy.guided`), each
+term at its model's own guidance scale (`composable_ebm.pipeline.guidance_scale`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable
 
 from composable_ebm.energy import Energy, guided
 from composable_ebm.errors import InvalidInputError, a_type
+from composable_ebm.pipeline import guidance_scale
 
 MAX_DEPTH = 32
 """Deepest nesting of parentheses (and of ``NUMBER *`` prefixes) an expression may use."""
@@ -141,7 +143,7 @@ class _Parser:
             self.take(")")
             self.depth -= 1
             try:
-                return guided(inner)
+                return guided(inner, guidance_scale)
             except ValueError as err:
                 raise InvalidInputError(f"in {self.text!r}: {err}") from err
         if name not in self.cache:

@@ -1,7 +1,8 @@
 """Save and load models as ``config.json`` + ``model.safetensors`` (strict, nothing pickled).
 
-``config.json`` holds the model type, its typed config and, for energies, the default
-sampler settings, so ``load(...).sample(n)`` uses the settings the model was trained for.
+``config.json`` holds the model type, its typed config and, for energies, the model's sampling defaults
+(`composable_ebm.sampling.SamplingDefaults`, key ``"sampler"``), so ``load(...).sample(n)`` uses the settings the
+model was trained for.
 
 A network class becomes savable by registering its type name (`register`) and mixing in
 `Pretrained` (``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``, the names of
@@ -57,7 +58,8 @@ from composable_ebm.hub import (
     upload_folder,
 )
 from composable_ebm.model_cards import model_card
-from composable_ebm.sampling import SamplerConfig
+from composable_ebm.pipeline import FORMS  # noqa: F401  (importing the pipeline installs Energy.sample)
+from composable_ebm.sampling import SamplingDefaults
 
 __all__ = [
     "BUNDLED_DIR", "CARD_NAME", "CONFIG_KEYS", "CONFIG_NAME", "MAX_PARAMETERS", "WEIGHTS_NAME", "Pretrained",
@@ -130,8 +132,8 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
         "composable_ebm_version": __version__,
     }
     if isinstance(model, Energy):
-        sampler = model.sampler_config
-        payload["sampler"] = config_to_dict(sampler) if sampler is not None else None
+        defaults = getattr(model, "sampling_defaults", None)
+        payload["sampler"] = defaults.to_flat() if defaults is not None else None
     if extra:
         payload["extra"] = extra
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -223,12 +225,12 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     return payload
 
 
-def typed_configs(folder: Path, payload: dict[str, Any]) -> tuple[Any, SamplerConfig | None]:
-    """The network config and sampler settings of a ``config.json`` payload, type- and range-checked."""
+def typed_configs(folder: Path, payload: dict[str, Any]) -> tuple[Any, SamplingDefaults | None]:
+    """The network config and sampling defaults of a ``config.json`` payload, type- and range-checked."""
     config_cls = model_class(payload["model_type"]).config_class
     try:
         config = config_from_dict(config_cls, payload["config"])
-        sampler = config_from_dict(SamplerConfig, payload["sampler"]) if payload.get("sampler") is not None else None
+        sampler = SamplingDefaults.from_flat(payload["sampler"]) if payload.get("sampler") is not None else None
     except InvalidInputError as err:
         raise ModelFileError(f"{folder / CONFIG_NAME}: {err}") from err
     return config, sampler
@@ -303,8 +305,7 @@ def load_model(source: str | Path, device: torch.device | str = "cpu", revision:
     model.load_state_dict(state, strict=True)
     model = model.to(device).eval()
     if isinstance(model, Energy):
-        if sampler is not None:
-            model.sampler_config = sampler
+        model.sampling_defaults = sampler
         _probe(model, weights)
     return model
 
@@ -397,7 +398,13 @@ P = TypeVar("P", bound="Pretrained")
 
 
 class Pretrained:
-    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for a registered class (`register`)."""
+    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for a registered class (`register`).
+
+    An energy among them carries ``sampling_defaults`` (`SamplingDefaults`, ``None`` until set): the settings it
+    was trained for, saved in its ``config.json`` and read by the sampling pipeline.
+    """
+
+    sampling_defaults: SamplingDefaults | None = None
 
     def save_pretrained(self, folder: str | Path, card: str | None = None) -> Path:
         """Save as ``config.json`` + ``model.safetensors`` with a model card (default: a generated one)."""

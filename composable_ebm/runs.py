@@ -119,7 +119,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     init_distributed(device)
-    data = build_dataset(spec.data)
+    data = build_dataset(spec.data, spec.folder)
     model = build_model(spec, data)
     trainer = Trainer(model, data, spec.trainer, out_dir=out, device=torch.device(device))
     aside, resumed_from = None, None
@@ -156,7 +156,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
             bar.close()
         seconds = time.perf_counter() - start
         ema = trainer.ema
-        ema.sampler_config = model.sampler_config
+        ema.sampling_defaults = model.sampling_defaults
         if trainer.rank == 0:
             notes = f"The run was started from the weights of `{init}` (`--init`), with a fresh optimiser." if init else None
             if init and init_changes:
@@ -187,7 +187,7 @@ def load_run(run: str | Path, recipe: str | Path | None = None, device: torch.de
         raise InvalidInputError(f"{run} has no finished model (no {run / 'model' / 'config.json'}); give its recipe"
                                 " to read the EMA weights of its checkpoint")
     spec = load_recipe(recipe)
-    model = build_model(spec, build_dataset(spec.data))
+    model = build_model(spec, build_dataset(spec.data, spec.folder))
     state = load_checkpoint(run / "checkpoint.pt")
     model.load_state_dict(state["ema"], strict=True)
     return model.to(device).eval()

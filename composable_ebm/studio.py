@@ -347,10 +347,10 @@ def sampler_overrides(steps: str | int | None, step_size: str | float | None) ->
 def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, steps: str | int | None = None,
              step_size: str | float | None = None, on_step: Callable[[int, int], None] | None = None,
              out_dir: Path | None = None, form: str = "auto") -> Generation:
-    """Sample ``expression`` as ``cebm compose`` does (``form``: `composable_ebm.sampling.composition_form`)
-    and read the samples with the bundled classifier."""
+    """Sample ``expression`` through the pipeline, as ``cebm compose`` and ``.sample()`` do
+    (`composable_ebm.pipeline.sample`), and read the samples with the bundled classifier."""
     from composable_ebm.images import chain_strip, image_grid
-    from composable_ebm.sampling import composition_form, resolve_config, sample
+    from composable_ebm.pipeline import plan, sample
 
     if isinstance(n, bool) or not float(n).is_integer() or not 1 <= int(n) <= 256:
         raise InvalidInputError(f"the number of samples must be a whole number from 1 to 256, got {n!r}")
@@ -360,11 +360,12 @@ def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, st
     if len(energy.input_shape) != 3:
         raise InvalidInputError(f"the studio draws images; {expression!r} takes inputs of shape {energy.input_shape}")
     overrides = sampler_overrides(steps, step_size)
-    energy = composition_form(energy, form)
-    total = resolve_config(energy, None, overrides).total_steps
+    chosen = plan(energy, form, **overrides)
+    total = chosen.config.total_steps
     callback = (lambda record: on_step(record["step"], total)) if on_step is not None else None
     start = time.perf_counter()
-    result = sample(energy, int(n), seed=int(seed), keep_every=max(1, total // 10), callback=callback, **overrides)
+    result = sample(energy, int(n), form=form, seed=int(seed), keep_every=max(1, total // 10), callback=callback,
+                    **overrides)
     seconds = time.perf_counter() - start
     parsed = expression_to_terms(expression)
     asked = asked_attributes(parsed[0]) if parsed is not None else None
@@ -374,14 +375,15 @@ def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, st
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="cebm-studio-"))
     png = out_dir / f"composed-seed{int(seed)}.png"
     grid.save(png)
-    return Generation(result.samples, grid, chain_strip(result.chain), readings, seconds, energy.expression(), png)
+    return Generation(result.samples, grid, chain_strip(result.chain), readings, seconds, chosen.energy.expression(),
+                      png)
 
 
 def sampler_summary(models: ModelCache, expression: str, form: str = "auto") -> str:
     """The settings Generate uses when the sampler fields are empty: the composite's own."""
-    from composable_ebm.sampling import composition_form, default_sampler_config
+    from composable_ebm.pipeline import plan
 
-    cfg = default_sampler_config(composition_form(models.energy(expression), form))
+    cfg = plan(models.energy(expression), form).config
     schedule = f"{cfg.rounds} rounds x {cfg.steps} steps" + (f" + {cfg.final_steps}" if cfg.final_steps else "")
     return f"its own sampler: {schedule} ({cfg.total_steps} in all), step size {cfg.step_size:.4g}, noise {cfg.noise:g}"
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from composable_ebm import BlockSpec, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
+from composable_ebm.sampling import SamplerConfig, SamplingDefaults
 
 TINY_BLOCKS = (
     BlockSpec(channels=8),
@@ -13,6 +14,12 @@ TINY_BLOCKS = (
     BlockSpec(kind="attention"),
     BlockSpec(channels=16, down=True),
 )
+
+
+def settings(**fields) -> SamplingDefaults:
+    """A model's sampling defaults from flat fields: `SamplerConfig`'s, with guidance_scale / augment_preserves."""
+    own = {k: fields.pop(k) for k in ("guidance_scale", "augment_preserves") if k in fields}
+    return SamplingDefaults(SamplerConfig(**fields), **own)
 
 
 def tiny_config(**overrides) -> ResNetConfig:

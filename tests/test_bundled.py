@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import composable_ebm as cebm
 from composable_ebm.cli import app
-from composable_ebm.data.datasets import SHAPES_ATTRIBUTES
+from composable_ebm.data import SHAPES_ATTRIBUTES
 from composable_ebm.energy import value_index
 from composable_ebm.persistence import BUNDLED_DIR, bundled_models
 
@@ -28,7 +28,7 @@ def test_bundled_model_loads_by_short_name_with_its_attribute_and_settings(name)
     model = cebm.load(name)
     attribute = ATTRIBUTE_MODELS[name]
     assert list(model.attributes) == [attribute] and model.input_shape == (3, 16, 16)
-    assert model.sampler_config is not None  # the recipe's sampling settings travel with the weights
+    assert model.sampling_defaults is not None  # the recipe's sampling settings travel with the weights
     x = cebm.shapes(8, 16, seed=0).images
     assert torch.isfinite(model(x, {attribute: torch.zeros(8, dtype=torch.long)})).all()
 

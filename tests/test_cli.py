@@ -80,7 +80,7 @@ def test_train_writes_model_checkpoint_log_card_and_health_plot(trained):
         assert (run / name).is_file(), name
     model = load_model(run / "model")
     assert model.attributes == {"color": ("red", "green", "blue")}
-    assert model.sampler_config.rounds == 2 and model.sampler_config.augment.crop_scale == (0.5, 1.0)
+    assert model.sampling_defaults.sampler.rounds == 2 and model.sampling_defaults.sampler.augment.crop_scale == (0.5, 1.0)
     card = (run / "model" / "README.md").read_text()
     assert "library_name: composable_ebm" in card and "`color`: `red`, `green`, `blue`" in card
 
@@ -151,10 +151,9 @@ def test_expression_grammar_matches_the_algebra(trained):
 
 
 RECIPES = sorted((ROOT / "recipes").rglob("*.toml"))
-SCREENS = sorted((ROOT / "benchmarks" / "screens").rglob("*.toml"))  # the docs quote them; each builds on a recipe
 
 
-@pytest.mark.parametrize("path", RECIPES + SCREENS, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_bundled_recipe_parses(path):
     recipe = load_recipe(path)
     assert recipe.trainer.steps > 0 and recipe.sampling is not None
@@ -214,25 +213,32 @@ def test_version_and_every_commands_help_shows_a_worked_example():
 
 
 def test_sampler_method_and_noise_options_are_honoured_and_checked(tmp_path):
-    result = runner.invoke(app, ["sample", "shapes-color", "-c", "color=red", "-n", "2", "--steps", "2", "--method", "mala", "--noise",
-                                 "exact", "-o", str(tmp_path / "m.png")])
+    """MALA at the model's step size with exact noise proposes moves of std 6 in [0, 1] images: every proposal is
+    rejected, so the samples would be the starting noise. That is refused in one line; a step size whose proposals
+    land samples correctly."""
+    result = runner.invoke(app, ["sample", "shapes-color", "-c", "color=blue", "-n", "2", "--steps", "10", "--method",
+                                 "mala", "--noise", "exact", "-o", str(tmp_path / "m.png")])
+    assert result.exit_code == 2 and "mala accepted none of 10 steps' proposals" in result.output
+    assert "lower the step size or the noise" in result.output and not (tmp_path / "m.png").exists()
+    result = runner.invoke(app, ["sample", "shapes-color", "-c", "color=blue", "-n", "2", "--steps", "10", "--method",
+                                 "mala", "--noise", "exact", "--step-size", "0.00001", "-o", str(tmp_path / "m.png")])
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["sample", "shapes-color", "--method", "hmc", "-o", str(tmp_path / "h.png")])
-    assert result.exit_code == 2 and "'hmc' is not one of 'langevin', 'mala'" in result.output
+    assert result.exit_code == 2 and "unknown sampler method 'hmc'; valid choices: ['langevin', 'mala']" in result.output
     result = runner.invoke(app, ["compose", "shapes-color", "--noise", "lots", "-o", str(tmp_path / "h.png")])
     assert result.exit_code == 2 and "'--noise': must be a number or 'exact', got 'lots'" in result.output
 
 
 def test_the_commands_choices_are_the_librarys():
     import dataclasses
-    from typing import get_args, get_type_hints
+    from typing import get_args
 
     from composable_ebm import cli
-    from composable_ebm.sampling import FORMS, SamplerConfig
+    from composable_ebm.pipeline import FORMS
+    from composable_ebm.sampling import SamplerConfig
     from composable_ebm.sampling.transitions import Precision
 
-    hints = get_type_hints(SamplerConfig)
-    assert get_args(cli.Method) == get_args(hints["method"]) and get_args(cli.Precision) == get_args(Precision)
+    assert get_args(cli.Precision) == get_args(Precision)
     assert get_args(cli.Form) == FORMS
     assert set(cli.SAMPLER_SETTINGS) <= {f.name for f in dataclasses.fields(SamplerConfig)}
 
@@ -429,7 +435,15 @@ def test_a_bug_is_reported_as_a_bug_with_debug_advice_not_as_bad_input(monkeypat
     assert line.startswith("error: internal error (KeyError:") and "--debug" in line and "bug" in line
     assert "\n" not in line and "Traceback" not in result.output
     debug = runner.invoke(app, ["--debug", "info", "shapes-color"])
-    assert isinstance(debug.exception, KeyError)  # --debug lets the exception (and its traceback) through
+    assert debug.exit_code == 1 and "Traceback" in debug.output and "KeyError" in debug.output  # the traceback
+
+
+def test_debug_shows_the_traceback_and_keeps_the_exit_status(tmp_path):
+    """--debug prints the traceback of bad input and still exits 2 (bad input), not 1."""
+    plain = runner.invoke(app, ["info", str(tmp_path / "nowhere")])
+    debug = runner.invoke(app, ["--debug", "info", str(tmp_path / "nowhere")])
+    assert plain.exit_code == debug.exit_code == 2
+    assert "Traceback" in debug.output and "Traceback" not in plain.output
 
 
 def test_compose_form_option_picks_the_sampled_energy_and_refuses_an_unknown_form(tmp_path):

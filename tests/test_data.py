@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -88,10 +91,10 @@ def test_a_balanced_split_has_every_value_as_often_as_the_whole_data():
     with pytest.raises(ValueError, match="cannot be balanced"):
         shapes(10, holdout=[{"shape": "circle"}], balance=True)
     from composable_ebm.errors import InvalidInputError
-    from composable_ebm.recipes import DataConfig
+    from composable_ebm.recipes import data_config
 
-    with pytest.raises(InvalidInputError, match="shapes dataset only"):
-        DataConfig(dataset="digits", balance=True)
+    with pytest.raises(InvalidInputError, match=r"unknown DigitsData setting\(s\) \['balance'\]"):
+        data_config({"dataset": "digits", "balance": True})
 
 
 def test_bad_holdout_names_the_valid_choices():
@@ -99,6 +102,10 @@ def test_bad_holdout_names_the_valid_choices():
         shapes(10, holdout=[{"color": "purple"}])
     with pytest.raises(ValueError, match="valid attributes"):
         shapes(10, holdout=[{"hue": "red"}])
+    from composable_ebm.recipes import data_config
+
+    with pytest.raises(ValueError, match=r"ShapesData.holdout: no attribute 'hue'; valid attributes"):
+        data_config({"dataset": "shapes", "holdout": [{"hue": "red"}]})
     with pytest.raises(ValueError, match="valid choices"):
         shapes(10, split="test")
 
@@ -132,8 +139,9 @@ def test_attribute_folder_reads_celeba_format_and_derives_binary_attributes(tmp_
     ]
     _write_celeba_folder(tmp_path, rows)
     files, table = read_attribute_table(tmp_path / "list_attr_celeba.txt")
-    assert files == ["000000.jpg", "000001.jpg", "000002.jpg"] and table["Male"].tolist() == [True, False, False]
-    d = attribute_folder(tmp_path, "list_attr_celeba.txt", image_size=16)
+    assert files == ["000000.jpg", "000001.jpg", "000002.jpg"] and table["Male"] == ["1", "-1", "-1"]
+    columns = {"female": "-Male", "smiling": "Smiling", "young": "Young", "wavy_hair": "Wavy_Hair"}
+    d = attribute_folder(tmp_path, "list_attr_celeba.txt", columns, image_size=16)
     assert d.images.shape == (3, 3, 16, 16) and d.images.dtype == torch.uint8
     assert d.labels["female"].tolist() == [0, 1, 1]  # negated Male
     assert d.labels["smiling"].tolist() == [1, 0, 1]
@@ -145,8 +153,10 @@ def test_attribute_folder_reads_celeba_format_and_derives_binary_attributes(tmp_
 
 def test_attribute_folder_errors_name_the_problem(tmp_path):
     _write_celeba_folder(tmp_path, [(["-1", "1", "1", "-1", "1"], (0, 0, 0))])
-    with pytest.raises(ValueError, match="columns"):
-        attribute_folder(tmp_path, "list_attr_celeba.txt", attributes={"bald": "Bald"})
+    with pytest.raises(ValueError, match="no column 'Bald'; columns"):
+        attribute_folder(tmp_path, "list_attr_celeba.txt", {"bald": "Bald"})
+    with pytest.raises(ValueError, match="no column '-Male'"):  # one minus negates; a second is not read as one
+        attribute_folder(tmp_path, "list_attr_celeba.txt", {"male": "--Male"})
     (tmp_path / "000000.jpg").unlink()
     with pytest.raises(FileNotFoundError, match="000000.jpg"):
         attribute_folder(tmp_path, "list_attr_celeba.txt")
@@ -178,3 +188,85 @@ def test_toy_samplers_match_their_densities(name):
     fit = kl_on_grid(log_p, torch.log(hist + 1e-3))
     flat = kl_on_grid(log_p, torch.zeros_like(log_p))
     assert fit < 0.25 * flat, (fit, flat)
+
+
+def _write_table(root, header, rows, make_images=True, mode="RGB"):
+    lines = [str(len(rows)), " ".join(header)]
+    for name, *values in rows:
+        if make_images:
+            Image.new(mode, (16, 16), 128 if mode == "L" else (128, 64, 32)).save(root / name)
+        lines.append(" ".join([name, *values]))
+    (root / "list_attr_celeba.txt").write_text("\n".join(lines) + "\n")
+
+
+def test_a_folder_reads_words_as_a_multi_valued_attribute_and_every_column_by_default(tmp_path):
+    """A column of words is one attribute with those values (numbers in numeric order); 1/-1 columns are binary."""
+    rows = [("a.png", "red", "1", "10"), ("b.png", "black", "-1", "2"), ("c.png", "red", "-1", "2")]
+    _write_table(tmp_path, ["hair", "smiling", "digit"], rows)
+    d = attribute_folder(tmp_path, image_size=8)
+    assert d.attributes == {"hair": ("black", "red"), "smiling": ("no", "yes"), "digit": ("2", "10")}
+    assert d.labels["hair"].tolist() == [1, 0, 1] and d.labels["smiling"].tolist() == [1, 0, 0]
+    assert d.labels["digit"].tolist() == [1, 0, 0]
+    with pytest.raises(ValueError, match="'-hair' negates column 'hair', which is not a 1/-1 column"):
+        attribute_folder(tmp_path, columns={"h": "-hair"}, image_size=8)
+
+
+def test_a_grey_folder_stays_grey_and_16_bit_grey_is_scaled_not_clipped(tmp_path):
+    rows = [("a.png", "1"), ("b.png", "-1")]
+    _write_table(tmp_path, ["smiling"], rows, mode="L")
+    d = attribute_folder(tmp_path, image_size=8)
+    assert d.images.shape == (2, 1, 8, 8) and int(d.images[0, 0, 0, 0]) == 128
+    assert attribute_folder(tmp_path, image_size=8, channels=3).images.shape == (2, 3, 8, 8)
+    Image.fromarray(np.full((16, 16), 32768, dtype=np.uint16)).save(tmp_path / "a.png")  # half of 16-bit white
+    assert abs(int(attribute_folder(tmp_path, image_size=8).images[0, 0, 0, 0]) - 128) <= 1
+
+
+def test_a_folder_holds_out_combinations_and_refuses_rows_outside_it(tmp_path):
+    rows = [("a.png", "1", "1"), ("b.png", "1", "-1"), ("c.png", "-1", "1"), ("d.png", "-1", "-1")]
+    _write_table(tmp_path, ["smiling", "glasses"], rows)
+    d = attribute_folder(tmp_path, image_size=8, holdout=[{"smiling": "yes", "glasses": "yes"}])
+    assert len(d) == 3 and not ((d.labels["smiling"] == 1) & (d.labels["glasses"] == 1)).any()
+    with pytest.raises(ValueError, match="attribute 'glasses' has no value 'maybe'"):
+        attribute_folder(tmp_path, image_size=8, holdout=[{"glasses": "maybe"}])
+    outside = tmp_path / "outside.png"
+    Image.new("RGB", (16, 16)).save(outside)
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (16, 16)).save(inner / name)
+    for row in ("../outside.png", str(outside)):
+        _write_table(inner, ["smiling"], [("a.png", "1"), (row, "-1")], make_images=False)
+        with pytest.raises(ValueError, match="lies outside .*inner; rows name files inside the image folder"):
+            attribute_folder(inner, image_size=8)
+
+
+@pytest.mark.parametrize("table, words", [
+    ("2\nSmiling Smiling\na.png 1 1\nb.png -1 -1\n", "column 'Smiling' is named twice"),
+    ("2\nSmiling\na.png 1\na.png -1\n", "'a.png' is listed again (first on line 3)"),
+])
+def test_a_table_with_a_column_or_a_file_twice_is_one_line(tmp_path, table, words):
+    (tmp_path / "list_attr_celeba.txt").write_text(table)
+    with pytest.raises(ValueError, match=re.escape(words)):
+        read_attribute_table(tmp_path / "list_attr_celeba.txt")
+
+
+def test_a_tiny_image_is_refused_rather_than_blown_up(tmp_path):
+    _write_table(tmp_path, ["smiling"], [("a.png", "1")])
+    Image.new("RGB", (1, 1)).save(tmp_path / "a.png")
+    with pytest.raises(ValueError, match=r"a.png: 1x1 pixels, too small for size 8"):
+        attribute_folder(tmp_path, image_size=8)
+
+
+def test_a_recipes_relative_data_root_starts_at_the_recipes_folder(tmp_path, monkeypatch):
+    from composable_ebm.recipes import build_dataset, load_recipe
+
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "data").mkdir()
+    _write_table(tmp_path / "data", ["smiling"], [("a.png", "1"), ("b.png", "-1")])
+    recipe = tmp_path / "recipes" / "r.toml"
+    recipe.write_text('[model]\nname = "r"\nblocks = [{ channels = 8, down = true }]\nmultiscale = false\n'
+                      '[data]\ndataset = "folder"\nroot = "../data"\nsize = 8\nattributes = ["smiling"]\n')
+    monkeypatch.chdir(tmp_path / "data")  # the working directory plays no part
+    spec = load_recipe(recipe)
+    data = build_dataset(spec.data, spec.folder)
+    assert len(data) == 2 and data.attributes == {"smiling": ("no", "yes")}

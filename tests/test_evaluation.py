@@ -32,7 +32,7 @@ from composable_ebm.evaluation import (
 from composable_ebm.persistence import load_model, save_model
 from composable_ebm.images import save_image_grid
 from composable_ebm.sampling import AugmentConfig, SamplerConfig
-from tests.conftest import tiny_config
+from tests.conftest import settings, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -165,10 +165,10 @@ def test_training_health_plot_and_image_grid_are_written(tmp_path):
 
 def test_energy_models_round_trip_with_their_sampler_settings(tmp_path):
     model = ResNetEnergy(tiny_config(name="color", attributes={"color": ("red", "green")}, null_condition=True))
-    model.sampler_config = SamplerConfig(step_size=7.0, steps=9, augment=AugmentConfig(crop_scale=(0.3, 1.0)))
+    model.sampling_defaults = settings(step_size=7.0, steps=9, augment=AugmentConfig(crop_scale=(0.3, 1.0)))
     save_model(model, tmp_path / "m")
     loaded = load_model(tmp_path / "m")
-    assert loaded.config == model.config and loaded.sampler_config == model.sampler_config
+    assert loaded.config == model.config and loaded.sampling_defaults == model.sampling_defaults
     x = torch.rand(3, 3, 8, 8)
     torch.testing.assert_close(loaded(x), model.eval()(x))
     # strict loading: a missing tensor is an error, not a silent default
@@ -181,7 +181,7 @@ def test_energy_models_round_trip_with_their_sampler_settings(tmp_path):
         load_model(tmp_path / "m")
     mlp = MLPEnergy(MLPConfig())
     save_model(mlp, tmp_path / "mlp")
-    assert load_model(tmp_path / "mlp").sampler_config is None
+    assert load_model(tmp_path / "mlp").sampling_defaults is None
 
 
 def test_realism_scores_fresh_renders_near_the_floor_and_noise_far_above_it():

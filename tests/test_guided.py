@@ -8,7 +8,8 @@ import torch
 from composable_ebm import NULL, Guided, ResNetEnergy, Trainer, TrainerConfig, guided, shapes
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.expression import parse_expression
-from composable_ebm.sampling import SamplerConfig, default_sampler_config
+from composable_ebm.pipeline import composed, default_settings
+from composable_ebm.sampling import SamplerConfig, SamplingDefaults
 from tests.conftest import tiny_config
 from tests.test_energy import randomize
 
@@ -59,7 +60,8 @@ def test_a_pixel_set_head_model_runs_its_towers_once_per_guided_term(shape):
     """Its towers are unconditional, so E(x | c) and E(x | 0) share one tower pass on B images, and the
     guided energy equals the explicit formula."""
     color = randomize(ResNetEnergy(tiny_config(name="color", attributes={"color": ("red", "green", "blue")},
-                                               null_condition=True, channel_blind=True, condition_head="pixel_set")))
+                                               null_condition=True, input_transforms=("channel-sort",),
+                                               condition_head="pixel_set")))
     x, null = torch.rand(4, 3, 8, 8), torch.full((4,), NULL)
     g = guided(color.condition(color="blue") + shape.condition(shape="circle"))
     e_null, e_null_shape = color(x, {"color": null}), shape(x, {"shape": null})
@@ -98,17 +100,20 @@ def test_film_blocks_beyond_the_residual_blocks_is_one_clear_error():
 
 
 def test_a_models_guidance_scale_multiplies_its_terms_weight_in_the_guided_form(color, shape):
-    """guided(red + circle) with the shape model's guidance_scale 2 is guided(red + 2 * circle) with scale 1."""
+    """The pipeline builds guided(red + circle) with the shape model's guidance_scale 2 as guided(red + 2 * circle)
+    with scale 1; the node's energy depends only on what it was built with."""
     x = torch.rand(4, 3, 8, 8)
     red, circle = color.condition(color="red"), shape.condition(shape="circle")
-    shape.sampler_config = SamplerConfig(steps=3)
-    doubled = guided(red + 2 * circle)(x)
-    shape.sampler_config = SamplerConfig(steps=3, guidance_scale=2.0)
-    assert guided(red + circle).scales == (1.0, 2.0)
-    torch.testing.assert_close(guided(red + circle)(x), doubled)
-    assert not torch.allclose(guided(red + 2 * circle)(x), doubled)
-    assert default_sampler_config(guided(circle + red)).guidance_scale == 1.0  # it acts in the term, not the chain
-    shape.sampler_config = None
+    shape.sampling_defaults = SamplingDefaults(SamplerConfig(steps=3))
+    doubled = composed(red + 2 * circle)(x)
+    shape.sampling_defaults = SamplingDefaults(SamplerConfig(steps=3), guidance_scale=2.0)
+    scaled = composed(red + circle)
+    assert scaled.scales == (1.0, 2.0) and guided(red + circle).scales == (1.0, 1.0)
+    torch.testing.assert_close(scaled(x), doubled)
+    assert not torch.allclose(composed(red + 2 * circle)(x), doubled)
+    assert default_settings(scaled).guidance_scale == 1.0  # it acts in the term, not the chain
+    shape.sampling_defaults = None
+    torch.testing.assert_close(scaled(x), doubled)  # built with its scales: later changes to the model do not reach it
 
 
 def test_a_model_without_a_null_condition_refuses_to_be_sampled_unbound_or_guided():
@@ -128,7 +133,7 @@ def test_guided_expression_parses_weights_and_negation(color, shape):
     assert isinstance(e, Guided) and e.weights == (1.0, -0.5)
     assert e.expression() == "guided(color[blue] - 0.5 * shape[square])"
     # guided composites sample like any energy
-    color.sampler_config = SamplerConfig(step_size=1.0, steps=2)
+    color.sampling_defaults = SamplingDefaults(SamplerConfig(step_size=1.0, steps=2))
     assert e.sample(2, seed=0).shape == (2, 3, 8, 8)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import json
 
 import pytest
@@ -22,17 +24,15 @@ NETWORK_CONFIGS = {
     "resnet-spectral": tiny_config(spectral_norm=True),
     "resnet-instance-ws": tiny_config(norm="instance", weight_standardization=True),
     "resnet-no-norm-gray": tiny_config(norm="none", in_channels=1),
-    "resnet-channel-blind": tiny_config(channel_blind=True, attributes={"shape": ("circle", "square")},
-                                        null_condition=True),
-    "resnet-pixel-set-head": tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
-                                         attributes={"color": ("red", "green", "blue")}),
-    "resnet-pixel-attention-log-prob": tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
-                                                   attributes={"color": ("red", "green", "blue")},
-                                                   pixel_pool="attention", head_output="log_prob"),
-    "resnet-palette": tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
-                                  attributes={"color": ("red", "green", "blue")}, pixel_pool="attention",
-                                  palette=((0.12, 0.8, 0.15), (0.9, 0.12, 0.12), (0.15, 0.25, 0.95)),
-                                  palette_background=(0.08, 0.08, 0.08)),
+    "resnet-channel-sort": tiny_config(input_transforms=("channel-sort",), attributes={"shape": ("circle", "square")},
+                                       null_condition=True),
+    "resnet-pixel-set-head": tiny_config(input_transforms=("channel-sort",), condition_head="pixel_set",
+                                         null_condition=True, attributes={"color": ("red", "green", "blue")}),
+    "resnet-pixel-attention": tiny_config(condition_head="pixel_set", null_condition=True,
+                                          attributes={"color": ("red", "green", "blue")}, pixel_pool="attention"),
+    "resnet-palette": tiny_config(input_transforms=("shapes-palette-order", "channel-sort"), condition_head="pixel_set",
+                                  null_condition=True, attributes={"color": ("red", "green", "blue")},
+                                  pixel_pool="attention"),
     "resnet-late-film": tiny_config(attributes={"shape": ("circle", "square")}, null_condition=True, film_blocks=1),
     "resnet-projection": tiny_config(attributes={"shape": ("circle", "square")}, null_condition=True,
                                      condition_head="projection"),
@@ -167,8 +167,9 @@ def test_unknown_config_keys_are_rejected_with_the_valid_ones():
         ResNetConfig.from_dict(data)
 
 
-def test_channel_blind_energy_is_invariant_to_permuting_the_colour_channels():
-    model = randomize(ResNetEnergy(tiny_config(channel_blind=True, attributes={"shape": ("circle", "square")})))
+def test_channel_sort_makes_the_energy_invariant_to_permuting_the_colour_channels():
+    model = randomize(ResNetEnergy(tiny_config(input_transforms=("channel-sort",),
+                                               attributes={"shape": ("circle", "square")})))
     x = torch.rand(6, 3, 8, 8)
     labels = {"shape": torch.tensor([0, 1, 0, 1, 0, 1])}
     e = model(x, labels)
@@ -179,14 +180,12 @@ def test_channel_blind_energy_is_invariant_to_permuting_the_colour_channels():
 
 
 def test_palette_towers_cannot_tell_which_palette_colour_an_object_has():
-    """With a palette, renders that differ only in their objects' colour (anti-aliased edges included) have the
-    same unconditional energy, and the pixel-set head still tells them apart."""
-    from composable_ebm.data.datasets import render_shapes
+    """Through shapes-palette-order, renders that differ only in their objects' colour (anti-aliased edges included)
+    have the same unconditional energy, and the pixel-set head still tells them apart."""
+    from composable_ebm.data import render_shapes
 
-    palette = ((0.12, 0.80, 0.15), (0.90, 0.12, 0.12), (0.15, 0.25, 0.95))
-    config = tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True, pixel_pool="attention",
-                         attributes={"color": ("red", "green", "blue")}, palette=palette,
-                         palette_background=(0.08, 0.08, 0.08))
+    config = tiny_config(input_transforms=("shapes-palette-order", "channel-sort"), condition_head="pixel_set",
+                         null_condition=True, pixel_pool="attention", attributes={"color": ("red", "green", "blue")})
     model = randomize(ResNetEnergy(config))
     g = torch.Generator().manual_seed(0)
     labels = {"shape": torch.randint(0, 3, (6,), generator=g), "size": torch.randint(0, 2, (6,), generator=g),
@@ -198,7 +197,7 @@ def test_palette_towers_cannot_tell_which_palette_colour_an_object_has():
         assert (x - images[0]).abs().max() > 0.5  # other colours
         torch.testing.assert_close(model(x, null), model(images[0], null))
         assert not torch.allclose(model(x, red), model(images[0], red))
-    plain = randomize(ResNetEnergy(dataclasses.replace(config, palette=())))  # the property is the option's
+    plain = randomize(ResNetEnergy(dataclasses.replace(config, input_transforms=("channel-sort",))))  # the transform's
     assert not torch.allclose(plain(images[1], null), plain(images[0], null))
     speckled = images[1].clone()  # a second palette colour inside an object stays a second colour to the towers
     speckled[:, :, 3:5, 3:5] = torch.tensor([0.90, 0.12, 0.12])[:, None, None]  # red on green objects
@@ -209,44 +208,35 @@ def test_palette_towers_cannot_tell_which_palette_colour_an_object_has():
     assert x.grad.abs().sum() > 0 and not torch.allclose(model(noisy, null), model(images[0], null))
 
 
-def test_a_palette_colour_on_the_background_is_one_line():
-    with pytest.raises(ValueError, match="three different ways"):
-        tiny_config(palette=((0.1, 0.1, 0.1), (0.9, 0.1, 0.1), (0.1, 0.9, 0.1)), palette_background=(0.1, 0.1, 0.1))
-    with pytest.raises(ValueError, match="three different ways"):
-        tiny_config(palette=((0.9, 0.1, 0.1), (0.1, 0.9, 0.1), (0.5, 0.5, 0.1)), palette_background=(0.1, 0.1, 0.1))
-    with pytest.raises(ValueError, match="3 colours"):
-        tiny_config(palette=((0.9, 0.1, 0.1),))
+def test_an_unknown_input_transform_is_one_line_naming_the_registered_ones():
+    with pytest.raises(ValueError, match=r"unknown input transform 'sepia'; valid choices: .*'channel-sort'"):
+        ResNetEnergy(tiny_config(input_transforms=("sepia",)))
+    with pytest.raises(ValueError, match="must be a list of transform names"):
+        tiny_config(input_transforms="channel-sort")
 
 
-@pytest.mark.parametrize("pool,output", [("mean", "logit"), ("attention", "logit"), ("attention", "log_prob"),
-                                         ("attention_fixed", "logit")])
-def test_pixel_set_head_condition_is_blind_to_where_the_pixels_are(pool, output):
+def test_a_transform_is_found_by_name_without_its_module_imported_first():
+    """A saved model lists its transforms by name; the registry finds the Shapes ones through their entry points."""
+    code = ("import sys; from composable_ebm.nets.transforms import TRANSFORMS; "
+            "assert 'composable_ebm.data.shapes' not in sys.modules; "
+            "print(TRANSFORMS.get('shapes-palette-order').__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ShapesPaletteOrder"
+
+
+@pytest.mark.parametrize("pool", ["mean", "attention"])
+def test_pixel_set_head_condition_is_blind_to_where_the_pixels_are(pool):
     """With the pixel-set head, E(x | c) - E(x | 0) is unchanged when the pixels are shuffled."""
-    model = randomize(ResNetEnergy(tiny_config(channel_blind=True, condition_head="pixel_set", null_condition=True,
-                                               attributes={"color": ("red", "green", "blue")}, pixel_pool=pool,
-                                               head_output=output)))
+    model = randomize(ResNetEnergy(tiny_config(input_transforms=("channel-sort",), condition_head="pixel_set",
+                                               null_condition=True, attributes={"color": ("red", "green", "blue")},
+                                               pixel_pool=pool)))
     x = torch.rand(4, 3, 8, 8)
     shuffled = x.flatten(2)[:, :, torch.randperm(64)].view_as(x)
     for value in range(3):
         c, null = {"color": torch.full((4,), value)}, {"color": torch.full((4,), -1)}
         torch.testing.assert_close(model(shuffled, c) - model(shuffled, null), model(x, c) - model(x, null))
     assert not torch.allclose(model(shuffled, null), model(x, null))  # the towers do see where pixels are
-
-
-def test_log_prob_head_output_makes_the_guidance_a_log_probability_of_the_value():
-    """With head_output = "log_prob", exp(-(E(x | c) - E(x | 0))) is p(c | x): positive, summing to 1 over the
-    values of each attribute, so the condition's pull is bounded where the plain logit's is not."""
-    attributes = {"color": ("red", "green", "blue"), "size": ("small", "large")}
-    model = randomize(ResNetEnergy(tiny_config(condition_head="pixel_set", null_condition=True, attributes=attributes,
-                                               pixel_pool="attention", head_output="log_prob")))
-    x = torch.rand(5, 3, 8, 8)
-    null = model(x, {"color": torch.full((5,), -1), "size": torch.full((5,), -1)})
-    for attr, values in attributes.items():
-        other = "size" if attr == "color" else "color"
-        probs = torch.stack([(null - model(x, {attr: torch.full((5,), i), other: torch.full((5,), -1)})).exp()
-                             for i in range(len(values))], dim=1)  # (B, values)
-        assert bool((probs > 0).all())
-        torch.testing.assert_close(probs.sum(dim=1), torch.ones(5))
 
 
 def test_attention_pooled_head_reads_a_small_object_like_a_large_one_where_a_mean_does_not():
@@ -276,34 +266,9 @@ def test_attention_pooled_head_reads_a_small_object_like_a_large_one_where_a_mea
     assert not torch.allclose(logits["mean"][0], logits["mean"][1], rtol=1e-2, atol=1e-2)
 
 
-def test_fixed_attention_holds_the_weights_constant_in_the_image_gradient():
-    """With pixel_pool = "attention_fixed" the condition's pull on each pixel is its attention weight times its own
-    feature's gradient (the weights held constant), so it cannot draw more pixels into the colour; trainable
-    attention's pull differs by the weights' own gradient."""
-    x = torch.rand(2, 3, 8, 8)
-    null, red = {"color": torch.full((2,), -1)}, {"color": torch.zeros(2, dtype=torch.long)}
-    for pool in ("attention", "attention_fixed"):
-        torch.manual_seed(0)
-        model = randomize(ResNetEnergy(tiny_config(condition_head="pixel_set", null_condition=True,
-                                                   attributes={"color": ("red", "green", "blue")}, pixel_pool=pool)))
-        xg = x.clone().requires_grad_(True)
-        (pull,) = torch.autograd.grad((model(xg, red) - model(xg, null)).sum(), xg)
-        head = model.head
-        weights = head.score(head.pixel(x)).flatten(1).softmax(dim=1).detach()  # (B, H*W), constants
-        xc = x.clone().requires_grad_(True)
-        logit = head.out(torch.einsum("bp,bwp->bw", weights, head.pixel(xc).flatten(2)))[:, 0]
-        (constant_weights,) = torch.autograd.grad(-logit.sum(), xc)
-        if pool == "attention_fixed":
-            torch.testing.assert_close(pull, constant_weights)
-        else:
-            assert not torch.allclose(pull, constant_weights, atol=1e-6)
-
-
-def test_unknown_pixel_pool_and_head_output_name_the_choices():
-    with pytest.raises(ValueError, match=r"pixel_pool 'max'.*\['mean', 'attention', 'attention_fixed'\]"):
+def test_unknown_pixel_pool_names_the_choices():
+    with pytest.raises(ValueError, match=r"pixel_pool 'max'.*\['attention', 'mean'\]"):
         tiny_config(pixel_pool="max")
-    with pytest.raises(ValueError, match=r"head_output 'prob'.*\['logit', 'log_prob'\]"):
-        tiny_config(head_output="prob")
 
 
 def test_unknown_condition_head_names_the_choices():

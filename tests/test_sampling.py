@@ -10,8 +10,9 @@ from PIL import Image
 
 from composable_ebm import GaussianEnergy, ResNetEnergy
 from composable_ebm.images import save_chain_strip
-from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment, default_sampler_config, sample
-from tests.conftest import tiny_config
+from composable_ebm.pipeline import composed, default_settings, sample
+from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment
+from tests.conftest import settings, tiny_config
 from tests.test_energy import randomize
 
 MEAN = torch.tensor([1.0, -2.0])
@@ -73,8 +74,10 @@ def test_mala_acceptance_falls_as_the_step_grows():
 
 
 def test_mala_never_leaves_the_value_range(color_model):
+    from composable_ebm.sampling import sample as run_sampler
+
     cfg = SamplerConfig(step_size=0.01, noise=0.2, steps=5, method="mala")
-    result = sample(color_model.condition(color="red"), 6, cfg, seed=0)
+    result = run_sampler(color_model.condition(color="red"), 6, cfg, seed=0)
     assert result.samples.min() >= 0 and result.samples.max() <= 1
 
 
@@ -178,27 +181,27 @@ def test_sampling_leaves_parameter_grads_flags_and_mode_untouched(image_energy):
 
 def test_composite_of_conditional_networks_samples_end_to_end(color_model, shape_model):
     red, circle = color_model.condition(color="red"), shape_model.condition(shape="circle")
-    color_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig())
+    color_model.sampling_defaults = settings(step_size=10.0, steps=4, augment=AugmentConfig())
     composite = red + circle - 0.5 * shape_model.condition(shape="square")
     # a sum divides its parts' step size by the number of terms, not by the weights
-    assert composite.sampler_config is None  # a composite has no settings of its own
-    assert default_sampler_config(composite).step_size == pytest.approx(10.0 / 3)
-    assert default_sampler_config(2.0 * red + circle).step_size == pytest.approx(10.0 / 2)
-    assert default_sampler_config(red | circle).step_size == pytest.approx(10.0)
+    assert getattr(composite, "sampling_defaults", None) is None  # a composite has no settings of its own
+    assert default_config(composite).step_size == pytest.approx(10.0 / 3)
+    assert default_config(2.0 * red + circle).step_size == pytest.approx(10.0 / 2)
+    assert default_config(red | circle).step_size == pytest.approx(10.0)
     # the shape model has no augmentation of its own, so the sum runs none (a colour model's flips
     # and crops would move what a position or size model is bound to)
-    assert default_sampler_config(composite).augment is None
-    shape_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig())
+    assert default_config(composite).augment is None
+    shape_model.sampling_defaults = settings(step_size=10.0, steps=4, augment=AugmentConfig())
     # both use it, but neither records that it keeps the attribute its term is bound to
-    assert default_sampler_config(composite).augment is None
-    color_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig(),
+    assert default_config(composite).augment is None
+    color_model.sampling_defaults = settings(step_size=10.0, steps=4, augment=AugmentConfig(),
                                                augment_preserves=("color",))
-    shape_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig(), augment_preserves=())
-    assert default_sampler_config(composite).augment is None  # the shape model's keeps no shape
-    shape_model.sampler_config = SamplerConfig(step_size=10.0, steps=4, augment=AugmentConfig(),
+    shape_model.sampling_defaults = settings(step_size=10.0, steps=4, augment=AugmentConfig(), augment_preserves=())
+    assert default_config(composite).augment is None  # the shape model's keeps no shape
+    shape_model.sampling_defaults = settings(step_size=10.0, steps=4, augment=AugmentConfig(),
                                                augment_preserves=("shape",))
-    assert default_sampler_config(composite).augment == AugmentConfig()
-    assert default_sampler_config(red | circle).augment == AugmentConfig()
+    assert default_config(composite).augment == AugmentConfig()
+    assert default_config(red | circle).augment == AugmentConfig()
     images = composite.sample(n=4, seed=0)
     assert images.shape == (4, 3, 8, 8)
     assert images.min() >= 0 and images.max() <= 1
@@ -212,15 +215,14 @@ def test_a_sum_of_models_with_null_conditions_samples_its_guided_form_by_default
     """form="auto": guided when every term is a conditioned model with a null condition, with the part's
     step size and steps (a plain sum divides the step by its number of terms); anything else as written."""
     from composable_ebm import Guided
-    from composable_ebm.sampling import composition_form
 
-    color_model.sampler_config = SamplerConfig(step_size=10.0, steps=4)
+    color_model.sampling_defaults = settings(step_size=10.0, steps=4)
     red, circle = color_model.condition(color="red"), shape_model.condition(shape="circle")
     composite = red + 2.0 * circle
-    auto = composition_form(composite)
+    auto = composed(composite)
     assert isinstance(auto, Guided) and auto.weights == (1.0, 2.0)
-    assert composition_form(composite, "plain") is composite
-    assert composition_form(red) is red and composition_form(red | circle, "auto").expression() == "(color[red] | shape[circle])"
+    assert composed(composite, "plain") is composite
+    assert composed(red) is red and composed(red | circle, "auto").expression() == "(color[red] | shape[circle])"
     cfg = composite.sample_chain(n=2, seed=0).config
     assert cfg.step_size == pytest.approx(10.0) and cfg.steps == 4
     assert composite.sample_chain(n=2, seed=0, form="plain").config.step_size == pytest.approx(5.0)
@@ -275,7 +277,7 @@ def test_temperature_scales_the_spread_under_the_decoupled_noise_sampler(tempera
     """``E / T`` under the fixed-noise Langevin sampler the bundled models use (step and noise set apart):
     its stationary variance is T times that of ``E`` (for a Gaussian: noise^2 / (2 step) * T * cov)."""
     energy = GaussianEnergy(torch.zeros(2), torch.eye(2) * 0.5)
-    energy.sampler_config = SamplerConfig(step_size=0.02, noise=0.2, steps=600, clamp=False)
+    energy.sampling_defaults = settings(step_size=0.02, noise=0.2, steps=600, clamp=False)
     base = sample(energy, 4000, seed=0).samples.var(dim=0).mean()
     tempered = sample(energy / temperature, 4000, seed=0).samples.var(dim=0).mean()
     # decoupled noise: variance = noise^2 / (2 step) * cov = 0.5 for E, T times that for E / T
@@ -329,85 +331,6 @@ def test_the_differentiable_last_step_ends_a_chain_where_the_whole_chain_ends():
     assert not torch.equal(x_hat, head.x)  # it moved
 
 
-SHAPES_LEAD = ((0.12, 0.80, 0.15), (0.90, 0.12, 0.12), (0.15, 0.25, 0.95))  # the Shapes data's green, red, blue
-SHAPES_BACKGROUND = (0.08, 0.08, 0.08)
-
-
-def _leading_colour(x: torch.Tensor) -> torch.Tensor:
-    """Which of `SHAPES_LEAD` has the largest mean coordinate of each image (seen from the background)."""
-    bg = torch.tensor(SHAPES_BACKGROUND).view(1, 3, 1, 1)
-    to_lead = torch.linalg.inv(torch.tensor(SHAPES_LEAD).T - bg.view(3, 1))
-    return torch.einsum("kc,bc->bk", to_lead, (x - bg).mean(dim=(2, 3))).argmax(dim=1)
-
-
-def test_plain_uniform_noise_lets_the_shapes_colours_lead_unequally_and_init_lead_evens_them(image_energy):
-    """Plain noise: blue leads far fewer images than green (on 16x16 images 1 in 12 against 1 in 2; on these 8x8
-    ones about 1 in 6 against 2 in 5). With init_lead each colour leads exactly a third of the chains, every image
-    is still uniform noise in the value range, and the same seed repeats it."""
-    from composable_ebm.sampling import initial_noise
-
-    cpu = torch.device("cpu")
-    plain = initial_noise(image_energy, 3000, torch.Generator().manual_seed(0), cpu)
-    share = torch.bincount(_leading_colour(plain), minlength=3) / 3000
-    assert share[2] < 0.25 and share[0] > 0.35
-    draw = lambda: initial_noise(image_energy, 300, torch.Generator().manual_seed(1), cpu, 1,  # noqa: E731
-                                 SHAPES_LEAD, SHAPES_BACKGROUND)
-    led = draw()
-    assert torch.bincount(_leading_colour(led), minlength=3).tolist() == [100, 100, 100]
-    assert led.min() >= 0 and led.max() <= 1 and torch.equal(led, draw())
-    assert abs(float(led.mean()) - 0.5) < 0.01 and abs(float(led.std()) - 12 ** -0.5) < 0.01  # still uniform noise
-
-
-def test_an_empty_init_lead_draws_exactly_algorithm_2s_uniform_noise(image_energy):
-    """Models trained before init_lead existed start from the same noise as before, draw for draw."""
-    from composable_ebm.sampling import initial_noise
-
-    noise = initial_noise(image_energy, 16, torch.Generator().manual_seed(3), torch.device("cpu"))
-    assert torch.equal(noise, torch.rand(16, *image_energy.input_shape, generator=torch.Generator().manual_seed(3)))
-    energy = image_energy
-    energy.sampler_config = SamplerConfig(step_size=1.0, steps=3)
-    assert torch.equal(sample(energy, 4, seed=2).samples, sample(energy, 4, seed=2, init_lead=[]).samples)
-
-
-def test_init_lead_reaches_the_chains_of_sample_and_of_training(image_energy):
-    """`sample` and the trainer's fresh chain starts both draw their noise with the config's init_lead."""
-    from composable_ebm.training import Trainer, TrainerConfig
-
-    result = sample(image_energy, 30, seed=0, steps=0, init_lead=SHAPES_LEAD, init_background=SHAPES_BACKGROUND)
-    assert torch.bincount(_leading_colour(result.samples), minlength=3).tolist() == [10, 10, 10]
-    cfg = TrainerConfig(batch_size=30, reinit_prob=1.0,
-                        sampler=SamplerConfig(steps=1, init_lead=SHAPES_LEAD, init_background=SHAPES_BACKGROUND))
-    trainer = Trainer(image_energy, torch.rand(60, *image_energy.input_shape), cfg)
-    starts, _ = trainer._chain_starts(30, {})
-    assert torch.bincount(_leading_colour(starts), minlength=3).tolist() == [10, 10, 10]
-
-
-@pytest.mark.parametrize("settings, words", [
-    ({"init_lead": [[1, 0, 0], [0, 1, 0]]}, "needs 3 colours"),
-    ({"init_lead": [[1, 0, 0], [0, 1, 0], [0.5, 0.5, 0]]}, "three different ways"),
-    ({"init_lead": [[1, 0, 0], [0, 1, 0], [0, 0, "blue"]]}, "RGB colour of three numbers"),
-    ({"init_lead": "red"}, "list of three RGB colours"),
-    ({"init_background": [0, 0]}, "init_background must be an RGB colour"),
-])
-def test_bad_init_lead_settings_are_one_line_naming_the_setting(settings, words):
-    from composable_ebm.errors import InvalidInputError
-
-    with pytest.raises(InvalidInputError, match=words) as err:
-        SamplerConfig(**settings)
-    assert "\n" not in str(err.value) and "SamplerConfig.init_" in str(err.value)
-
-
-def test_a_colour_that_never_leads_the_noise_is_one_clear_line(image_energy):
-    """A colour far beyond the value range never has the largest coordinate: refused, not looped on forever."""
-    from composable_ebm.errors import InvalidInputError
-
-    with pytest.raises(InvalidInputError, match=r"led none of 1000 draws"):
-        sample(image_energy, 6, seed=0, steps=0, init_lead=[[1, 0, 0], [0, 1, 0], [0, 0, 100]])
-
-
-def test_init_lead_needs_rgb_images():
-    from composable_ebm.errors import InvalidInputError
-
-    grey = randomize(ResNetEnergy(tiny_config(name="grey", in_channels=1)))
-    with pytest.raises(InvalidInputError, match=r"init_lead needs RGB images"):
-        sample(grey, 3, seed=0, steps=0, init_lead=SHAPES_LEAD)
+def default_config(energy):
+    """The chain settings the pipeline derives for ``energy`` (its own or its parts')."""
+    return default_settings(energy).sampler

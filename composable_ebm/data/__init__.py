@@ -1,27 +1,29 @@
-"""Datasets that work offline: procedural shapes, bundled digits, attribute folders, local CIFAR-10, 2-D toys."""
+"""Datasets that work offline, one file each, registered by name (`DATASETS`): procedural ``shapes``, scikit-learn's
+``digits``, image ``folder``s with attribute tables, local ``cifar10``, 2-D ``toy2d`` densities."""
 
-from composable_ebm.data.datasets import (
-    CELEBA_COMPOSITION_ATTRIBUTES,
-    CIFAR10_CLASSES,
-    SHAPES_ATTRIBUTES,
-    ImageDataset,
-    attribute_folder,
-    cifar10,
-    digits,
-    read_attribute_table,
-    render_shapes,
-    shapes,
-)
-from composable_ebm.data.toy2d import TOY_DENSITIES, sample_toy, toy_log_density
+from composable_ebm.data.base import DATASETS, DataConfig, ImageDataset, combination_mask, dataset
+from composable_ebm.data.cifar10 import CIFAR10_CLASSES, Cifar10Data, cifar10
+from composable_ebm.data.digits import DigitsData, digits
+from composable_ebm.data.folder import FolderData, attribute_folder, read_attribute_table
+from composable_ebm.data.shapes import SHAPES_ATTRIBUTES, ShapesData, render_shapes, shapes
+from composable_ebm.data.toy2d import TOY_DENSITIES, ToyData, sample_toy, toy_log_density
 
 __all__ = [
-    "CELEBA_COMPOSITION_ATTRIBUTES",
     "CIFAR10_CLASSES",
+    "DATASETS",
     "SHAPES_ATTRIBUTES",
     "TOY_DENSITIES",
+    "Cifar10Data",
+    "DataConfig",
+    "DigitsData",
+    "FolderData",
     "ImageDataset",
+    "ShapesData",
+    "ToyData",
     "attribute_folder",
     "cifar10",
+    "combination_mask",
+    "dataset",
     "digits",
     "read_attribute_table",
     "render_shapes",

@@ -7,9 +7,15 @@ be computed on a fine grid with both densities normalised numerically.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from composable_ebm.configs import check_size
+from composable_ebm.data.base import DataConfig, dataset
+from composable_ebm.errors import InvalidInputError
 
 TOY_DENSITIES = ("8gaussians", "rings", "checkerboard", "2spirals")
 BOX = 4.0  # every density lives in [-BOX, BOX]^2
@@ -102,3 +108,28 @@ def kl_on_grid(log_p_data: Tensor, log_p_model: Tensor) -> float:
     p = lp.exp()
     mask = p > 0
     return float((p[mask] * (lp[mask] - lq[mask])).sum())
+
+
+@dataset("toy2d")
+@dataclass(frozen=True)
+class ToyData(DataConfig):
+    """Recipe settings of a 2-D toy density (``[data] dataset = "toy2d"``): points, no attributes."""
+
+    density: str = "8gaussians"
+    """one of `TOY_DENSITIES`"""
+    n: int = 10000
+    """number of points"""
+    seed: int = 0
+    """seed of the draw"""
+
+    def __post_init__(self) -> None:
+        if self.density not in TOY_DENSITIES:
+            raise InvalidInputError(f"unknown toy density {self.density!r}; valid choices: {list(TOY_DENSITIES)}")
+        check_size("ToyData", "n", self.n, high=1 << 26)
+        check_size("ToyData", "seed", self.seed, low=0, high=2**62)
+        if self.attributes:
+            raise InvalidInputError(f"toy2d has no attributes to condition on, got {list(self.attributes)}; valid"
+                                    " choices: attributes = []")
+
+    def build(self, base: Path | None = None) -> Tensor:
+        return sample_toy(self.density, self.n, torch.Generator().manual_seed(self.seed))

@@ -1,8 +1,7 @@
 """Do samples look like the data? Two numbers and a picture.
 
 - **FID ratio**: the Fréchet distance (Heusel et al. 2017) of ``N`` samples to a reference set of
-  real images, in a feature network's space (for Shapes: the attribute classifier's penultimate
-  features), divided by the *floor*: the same distance for ``N`` fresh real images. With few
+  real images, in a feature network's space (an attribute classifier's penultimate features, say), divided by the *floor*: the same distance for ``N`` fresh real images. With few
   samples FID is biased upwards; the ratio cancels that bias, so 1 means "as close as real
   images of the same number" whatever ``N`` is.
 - **High-frequency ratio**: mean absolute discrete Laplacian of the samples over that of real

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from composable_ebm.configs import JSONConfig, check_attributes, check_size
 from composable_ebm.energy import Energy, Labels
+from composable_ebm.nets.registry import NETWORKS
 from composable_ebm.persistence import Pretrained, register
 
 
@@ -39,6 +40,7 @@ class MLPConfig(JSONConfig):
         check_attributes("MLPConfig", self.attributes)
 
 
+@NETWORKS.register("mlp")
 @register("mlp_energy")
 class MLPEnergy(Pretrained, Energy):
     """``x -> Linear -> Swish -> ... -> Linear -> 1``, conditioned by concatenating one-hot attributes."""

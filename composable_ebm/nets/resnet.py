@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composable_ebm.configs import (MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSONConfig, check_attributes,
-                                    check_colour_basis, check_size)
+from composable_ebm.configs import MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_size
 from composable_ebm.energy import NULL, Energy, Labels
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.layers import Norm, ResBlock, SelfAttention, Swish, conv
+from composable_ebm.nets.registry import NETWORKS
+from composable_ebm.nets.transforms import apply, build_transforms
 from composable_ebm.persistence import Pretrained, register
 
 
@@ -91,20 +92,10 @@ class ResNetConfig(JSONConfig):
     """sum of full, half and quarter resolution towers"""
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """name -> value names"""
-    channel_blind: bool = False
-    """put each image's channels in a canonical order (by descending mean) before the towers: the energy cannot
-    tell which channel is which, so it is invariant to permutations of the colour channels by construction (a
-    shape model then draws a red circle as readily as the green and blue ones it was trained on, without ever
-    seeing a red one). For models of attributes other than colour."""
-    palette: tuple[tuple[float, float, float], ...] = ()
-    """three object colours the towers cannot tell apart (RGB, with `palette_background`): each image is written in
-    the coordinates of the palette's colours and those are put in a canonical order, by their means, before the
-    towers and any `channel_blind` ordering (`PaletteOrder`). An object in any palette colour, its anti-aliased
-    edges included, then reaches the towers as the same object in the first colour, while a second colour in it
-    (speckle) stays a second colour; so the towers cannot learn which shapes go with which colour. The pixel-set
-    head sees the image as it is. Empty (the default): off."""
-    palette_background: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    """the background colour the `palette` lines start from (RGB)"""
+    input_transforms: tuple[str, ...] = ()
+    """named transforms (`composable_ebm.nets.transforms.TRANSFORMS`) applied, in order, to what the towers see;
+    the pixel-set head sees the image as it is. A dataset registers those it needs beside its own code, and the
+    registry lists them all"""
     condition_head: Literal["film", "pixel_set", "projection"] = "film"
     """where the condition enters: `film` modulates every residual block (or the last `film_blocks`);
     `projection` leaves the blocks unconditional and adds ``-<V c, h>`` to each tower's energy, ``h`` its pooled
@@ -113,21 +104,14 @@ class ResNetConfig(JSONConfig):
     unconditional and adds ``-logit_c(x)`` from a head that sees the image as a set of pixels (a 1x1-conv
     feature of each pixel, pooled over the image: `pixel_pool`), so the condition can depend on the image's colours but
     not on where they are: a colour model that cannot prefer one shape over another for a colour"""
-    pixel_pool: Literal["mean", "attention", "attention_fixed"] = "mean"
+    pixel_pool: Literal["mean", "attention"] = "mean"
     """how the pixel-set head pools its pixels: `mean` averages every pixel, so its logit grows with the area of
-    a colour and its gradient pushes background pixels towards the colour as hard as the object's; `attention`
-    averages them with softmax weights from a learned per-pixel score, so a small object of a colour reads as
-    that colour as much as a large one; `attention_fixed` also holds the weights constant in the image's
-    gradient (they still train), so the condition's pull moves only the pixels the head attends to and cannot
-    draw more of them (the background) into the colour"""
+    a colour; `attention` averages them with softmax weights from a learned per-pixel score, so a small object of
+    a colour reads as that colour as much as a large one"""
     film_blocks: int = 0
     """with ``condition_head = "film"``: 0 modulates every residual block; N > 0 only the last N of each tower, so
     the condition enters late and a guided term (``E(x | c)`` and ``E(x | 0)`` together) runs the layers before
     them once, on a batch of B instead of 2B"""
-    head_output: Literal["logit", "log_prob"] = "logit"
-    """what the pixel-set head adds to the towers' energy: `logit` is ``-logit_c(x)``, which keeps rewarding more
-    of the colour; `log_prob` is ``-log softmax(logits)_c``, so ``p(x | c) ∝ p(x) p(c | x)`` (the classifier form
-    of a conditional) and the condition's pull stops once the image reads as ``c``"""
     null_condition: bool = False
     """the all-zero condition was trained (label dropout), so an unbound attribute gives the model's
     unconditional energy; without it an unbound attribute is refused"""
@@ -142,25 +126,20 @@ class ResNetConfig(JSONConfig):
         if self.condition_head not in ("film", "pixel_set", "projection"):
             raise InvalidInputError(
                 f"unknown condition_head {self.condition_head!r}; valid choices: ['film', 'pixel_set', 'projection']")
-        if self.pixel_pool not in ("mean", "attention", "attention_fixed"):
-            raise InvalidInputError(
-                f"unknown pixel_pool {self.pixel_pool!r}; valid choices: ['mean', 'attention', 'attention_fixed']")
+        if self.pixel_pool not in ("mean", "attention"):
+            raise InvalidInputError(f"unknown pixel_pool {self.pixel_pool!r}; valid choices: ['attention', 'mean']")
         n_res = sum(1 for b in self.blocks if b.kind == "res")
         if not isinstance(self.film_blocks, int) or isinstance(self.film_blocks, bool) or not 0 <= self.film_blocks <= n_res:
             raise InvalidInputError(
                 f"ResNetConfig.film_blocks must be an integer from 0 (every residual block) to the number of residual"
                 f" blocks ({n_res}); got {self.film_blocks!r}")
-        if self.head_output not in ("logit", "log_prob"):
-            raise InvalidInputError(f"unknown head_output {self.head_output!r}; valid choices: ['logit', 'log_prob']")
         if self.norm not in ("group", "instance", "none"):
             raise InvalidInputError(f"unknown norm {self.norm!r}; valid choices: ['group', 'instance', 'none']")
         check_attributes("ResNetConfig", self.attributes)
-        if self.palette:
-            if self.in_channels != 3 or len(self.palette) != 3:
-                raise InvalidInputError(
-                    f"ResNetConfig.palette needs RGB images (in_channels 3, got {self.in_channels}) and 3 colours"
-                    f" (got {len(self.palette)}); an empty palette switches it off")
-            check_colour_basis("ResNetConfig", "palette", self.palette, "palette_background", self.palette_background)
+        if isinstance(self.input_transforms, str) or not all(isinstance(t, str) for t in self.input_transforms):
+            raise InvalidInputError(f"ResNetConfig.input_transforms must be a list of transform names, got"
+                                    f" {self.input_transforms!r}")
+        object.__setattr__(self, "input_transforms", tuple(self.input_transforms))
         needed = self.activation_elements()
         if needed > MAX_ACTIVATION_ELEMENTS:
             raise InvalidInputError(
@@ -287,63 +266,25 @@ class PixelSetHead(nn.Module):
         super().__init__()
         self.pixel = nn.Sequential(nn.Conv2d(in_channels, width, 1), Swish(), nn.Conv2d(width, width, 1), Swish())
         self.score = nn.Conv2d(width, 1, 1) if pool != "mean" else None
-        self.fixed = pool == "attention_fixed"
         self.out = nn.Linear(width, cond_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.pixel(x)  # (B, W, H, W')
         if self.score is None:
             return self.out(h.mean(dim=(2, 3)))
-        scores = self.score(self.pixel(x.detach()) if self.fixed else h)  # (B, 1, H, W'): where the head looks
+        scores = self.score(h)  # (B, 1, H, W'): where the head looks
         weights = scores.flatten(1).softmax(dim=1)  # (B, H*W')
         return self.out(torch.einsum("bp,bwp->bw", weights, h.flatten(2)))
 
 
-class PaletteOrder(nn.Module):
-    """Each image with its palette colours in a canonical order, ``(B, C, H, W)``: what `canonical_channels` does to
-    the channels, done to the palette's colours.
-
-    Each pixel is written in palette coordinates, ``x = b + sum_k a_k (c_k - b)`` (``b`` the background, ``c_k``
-    the palette's colours, a basis), the coordinates ``a_k`` are ordered by their mean over the image, largest
-    first, and the pixel is drawn again from the ordered ones. An object in any palette colour, its anti-aliased
-    edges included, becomes the same object in the first colour; the map is invertible, so whatever else an
-    image holds (a second colour, noise) stays in it, moved with the colours. The order is piecewise constant
-    in ``x``, so gradients flow to the pixels. The basis and its inverse are computed once, as buffers that
-    follow the module's device and are not saved (the config holds the palette).
-    """
-
-    def __init__(self, palette: Sequence[Sequence[float]], background: Sequence[float]) -> None:
-        super().__init__()
-        bg = torch.tensor(background, dtype=torch.float64)
-        basis = (torch.tensor(palette, dtype=torch.float64) - bg).T  # (C, K): colour k's line from the background
-        self.register_buffer("background", bg.float()[None, :, None, None], persistent=False)
-        self.register_buffer("basis", basis.float(), persistent=False)
-        self.register_buffer("inverse", torch.linalg.inv(basis).float(), persistent=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        bg = self.background.to(x.dtype)
-        coords = torch.einsum("kc,bchw->bkhw", self.inverse.to(x.dtype), x - bg)
-        order = coords.detach().mean(dim=(2, 3)).argsort(dim=1, descending=True)  # (B, K)
-        coords = coords.gather(1, order[:, :, None, None].expand_as(coords))
-        return torch.einsum("ck,bkhw->bchw", self.basis.to(x.dtype), coords) + bg
-
-
-def canonical_channels(x: Tensor) -> Tensor:
-    """``x`` with each image's channels sorted by their mean, largest first, ``(B, C, H, W)``.
-
-    The order is piecewise constant in ``x``, so gradients flow through the gather to the pixels; any
-    permutation of an image's channels gives the same result.
-    """
-    order = x.detach().mean(dim=(2, 3)).argsort(dim=1, descending=True)  # (B, C)
-    return x.gather(1, order[:, :, None, None].expand_as(x))
-
-
+@NETWORKS.register("resnet")
 @register("resnet_energy")
 class ResNetEnergy(Pretrained, Energy):
-    """The paper's ResNet energy, optionally multiscale and attribute-conditioned (FiLM, or a pixel-set head), optionally
-    blind to the order of the colour channels."""
+    """The paper's ResNet energy, optionally multiscale and attribute-conditioned (FiLM, a projection or a pixel-set
+    head), with optional named input transforms before its towers."""
 
     config_class = ResNetConfig
+    presets = {"paper_32": ResNetConfig.paper_32, "paper_128": ResNetConfig.paper_128}
 
     def __init__(self, config: ResNetConfig) -> None:
         c = config
@@ -362,7 +303,7 @@ class ResNetEnergy(Pretrained, Energy):
                 )
             towers.append(ResNetTower(c, blocks, cond_dim if c.condition_head in ("film", "projection") else 0))
         self.towers = nn.ModuleList(towers)
-        self.palette = PaletteOrder(c.palette, c.palette_background) if c.palette else None
+        self.transforms = build_transforms(c.input_transforms)
         self.head = PixelSetHead(c.in_channels, c.stem_channels, cond_dim, c.pixel_pool) if (
             c.condition_head == "pixel_set" and cond_dim) else None
 
@@ -406,12 +347,8 @@ class ResNetEnergy(Pretrained, Energy):
         return self._tower_energies(x, labels or None)
 
     def _tower_inputs(self, x: Tensor) -> list[Tensor]:
-        """What each tower sees: ``x`` (its palette colours made one with a `palette`, then its channels in canonical
-        order when channel-blind) pooled to its scale."""
-        if self.palette is not None:
-            x = self.palette(x)
-        if self.config.channel_blind:
-            x = canonical_channels(x)
+        """What each tower sees: ``x`` through the config's input transforms, pooled to its scale."""
+        x = apply(self.transforms, x)
         return [F.avg_pool2d(x, scale) if scale > 1 else x for scale in self.config.scales]
 
     def _tower_energies(self, x: Tensor, labels: Labels | None) -> Tensor:
@@ -450,13 +387,9 @@ class ResNetEnergy(Pretrained, Energy):
         return null + self._head_energy(x, cond.to(x.dtype)), null
 
     def _head_energy(self, x: Tensor, cond: Tensor) -> Tensor:
-        """The pixel-set head's term for the condition codes ``cond`` ``(B, D)``: ``-logit_c``, or
-        ``-log p(c | x)`` per attribute with ``head_output = "log_prob"``; 0 for unbound attributes. ``(B,)``."""
-        logits = self.head(x)  # (B, D)
-        if self.config.head_output == "log_prob":
-            sizes = [len(v) for v in self.attributes.values()]
-            logits = torch.cat([part.log_softmax(dim=1) for part in logits.split(sizes, dim=1)], dim=1)
-        return -(logits * cond).sum(dim=1)
+        """The pixel-set head's term for the condition codes ``cond`` ``(B, D)``: ``-logit_c``, 0 for unbound
+        attributes. ``(B,)``."""
+        return -(self.head(x) * cond).sum(dim=1)
 
     def extra_repr(self) -> str:
         """The config's name, image size and attributes, for ``print(model)``."""

@@ -1,21 +1,20 @@
-"""Sampling: Langevin and MALA transitions, augmentation transitions, Algorithm 2's chain runner."""
+"""Sampling: registered transitions (Langevin, MALA), augmentation transitions, Algorithm 2's chain runner, and a
+trained model's sampling defaults."""
 
 from composable_ebm.sampling.augment import AugmentConfig, augment
 from composable_ebm.sampling.runner import (
-    FORMS,
     ChainEnd,
     SampleResult,
     SamplerDiagnostics,
-    composition_form,
-    default_sampler_config,
     initial_noise,
-    leading_colour,
     make_generator,
-    resolve_config,
+    with_overrides,
     run_chain,
     sample,
 )
+from composable_ebm.sampling.defaults import SamplingDefaults
 from composable_ebm.sampling.transitions import (
+    SAMPLERS,
     ChainState,
     SamplerConfig,
     StepInfo,
@@ -30,29 +29,27 @@ from composable_ebm.sampling.transitions import (
 )
 
 __all__ = [
-    "FORMS",
+    "SAMPLERS",
     "AugmentConfig",
     "ChainEnd",
     "ChainState",
     "SampleResult",
     "SamplerConfig",
     "SamplerDiagnostics",
+    "SamplingDefaults",
     "StepInfo",
     "augment",
     "chain_grad_norm",
     "clamp_bounds",
     "differentiable_last_step",
-    "composition_form",
-    "default_sampler_config",
     "evaluate",
     "initial_noise",
-    "leading_colour",
     "langevin_move",
     "langevin_step",
     "langevin_update",
     "make_generator",
     "mala_step",
-    "resolve_config",
+    "with_overrides",
     "run_chain",
     "sample",
 ]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -25,11 +25,10 @@ from composable_ebm.sampling.transitions import (
     StepInfo,
     evaluate,
     langevin_move,
-    langevin_step,
-    mala_step,
+    SAMPLERS,
 )
 
-if TYPE_CHECKING:  # pragma: no cover; the sampler runs any energy through its methods, and the energies use it
+if TYPE_CHECKING:  # pragma: no cover; the sampler runs any energy it is handed and imports none
     from composable_ebm.energy import Energy, Labels
 
 
@@ -39,7 +38,7 @@ class SamplerDiagnostics:
 
     energy: Tensor  # mean energy after each step
     grad_norm: Tensor  # mean L2 norm of dE/dx at each step's start
-    acceptance: Tensor | None  # MALA: fraction of chains accepted at each step; Langevin: None
+    acceptance: Tensor | None  # MALA (any sampler with an accept step): fraction accepted at each step; else None
 
 
 @dataclass
@@ -62,7 +61,8 @@ StepCallback = Callable[[dict[str, Any]], None]
 
 
 def make_generator(seed: int | None, generator: torch.Generator | None, device: torch.device) -> torch.Generator:
-    """An explicit generator on ``device``: the given one, or one seeded with ``seed`` (random if None)."""
+    """An explicit generator on ``device``: the given one, or one seeded with ``seed``; without either, one seeded
+    from torch's global generator, so ``torch.manual_seed`` makes a call repeat (and advances as any draw does)."""
     if generator is not None and seed is not None:
         raise ValueError("pass either seed= or generator=, not both")
     if generator is not None:
@@ -71,7 +71,7 @@ def make_generator(seed: int | None, generator: torch.Generator | None, device: 
         return generator
     gen = torch.Generator(device=device)
     if seed is None:
-        gen.seed()
+        gen.manual_seed(int(torch.randint(0, 2**62, (1,))))
     else:
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**63:
             raise InvalidInputError(f"seed must be an integer in [0, 2^63 - 1], got {seed!r}")
@@ -79,107 +79,36 @@ def make_generator(seed: int | None, generator: torch.Generator | None, device: 
     return gen
 
 
-Form = Literal["auto", "plain", "guided"]
-FORMS: tuple[str, ...] = get_args(Form)
-
-
-def composition_form(energy: Energy, form: str = "auto") -> Energy:
-    """The energy a sampler runs for ``energy`` in ``form``: `composable_ebm.Energy.composed` (``auto``: a
-    sum of conditioned models with trained null conditions in its guided form; ``plain``: as written;
-    ``guided``: its guided form, or a ``ValueError`` naming the term that has none; another ``form`` is one
-    line naming the valid ones)."""
-    return energy.composed(form)
-
-
-def default_sampler_config(energy: Energy) -> SamplerConfig:
-    """The settings ``energy.sample(n)`` uses when none are given: the energy's own or derived from its
-    parts (`composable_ebm.Energy.derived_sampler_config`), else the sampler's defaults."""
-    return energy.derived_sampler_config() or SamplerConfig()
-
-
-def resolve_config(energy: Energy, config: SamplerConfig | None, overrides: dict[str, Any]) -> SamplerConfig:
-    """The energy's default settings (or ``config``) with per-call overrides applied."""
-    base = config or default_sampler_config(energy)
+def with_overrides(config: SamplerConfig, overrides: dict[str, Any]) -> SamplerConfig:
+    """``config`` with per-call overrides of its fields; an unknown name is one line naming the valid ones."""
     if not overrides:
-        return base
+        return config
     valid = {f.name for f in dataclasses.fields(SamplerConfig)}
     unknown = sorted(set(overrides) - valid)
     if unknown:
         raise InvalidInputError(f"unknown sampler setting(s) {unknown}; valid settings: {sorted(valid)}")
-    return dataclasses.replace(base, **overrides)
+    return dataclasses.replace(config, **overrides)
 
 
-def initial_noise(
-    energy: Energy, n: int, generator: torch.Generator, device: torch.device, init_scale: int = 1,
-    lead: tuple[tuple[float, float, float], ...] = (), background: tuple[float, float, float] = (0.0, 0.0, 0.0),
-) -> Tensor:
+def initial_noise(energy: Energy, n: int, generator: torch.Generator, device: torch.device, init_scale: int = 1) -> Tensor:
     """Uniform noise over the value range (standard normal for unbounded energies).
 
     With ``init_scale`` > 1 an image energy's noise is drawn at ``1/init_scale`` of each side and
     upsampled bilinearly: smooth random colour fields, still spanning the value range.
-
-    With ``lead`` (three RGB colours, `SamplerConfig.init_lead`) each colour leads 1 in 3 of the images: an
-    image's noise is drawn again until the colour given to it has the largest mean coordinate, the image written
-    in the colours' coordinates seen from ``background``. Each image is then uniform noise conditioned on which
-    colour leads.
     """
     shape = (n, *energy.input_shape)
     smooth = init_scale > 1 and len(shape) == 4
     if smooth:
         shape = (*shape[:2], *(max(1, -(-s // init_scale)) for s in shape[2:]))
 
-    def draw(count: int) -> Tensor:
-        if energy.value_range is None:
-            x = torch.randn((count, *shape[1:]), generator=generator, device=device)
-        else:
-            lo, hi = energy.value_range
-            x = lo + (hi - lo) * torch.rand((count, *shape[1:]), generator=generator, device=device)
-        if smooth:
-            x = F.interpolate(x, size=energy.input_shape[1:], mode="bilinear", align_corners=False)
-        return x
-
-    x = draw(n)
-    if lead:
-        if len(shape) != 4 or shape[1] != 3:
-            raise InvalidInputError(f"init_lead needs RGB images (3, H, W); this energy takes {energy.input_shape}")
-        frame = _lead_frame(lead, background, device)
-        wanted = torch.randperm(n, generator=generator, device=device) % len(lead)  # each colour 1 in 3, in no order
-        todo = _leading(x, *frame) != wanted
-        for _ in range(_LEAD_TRIES):
-            if not todo.any():
-                break
-            x[todo] = draw(int(todo.sum()))
-            todo = _leading(x, *frame) != wanted
-        if todo.any():
-            rare = sorted({int(k) for k in wanted[todo]})
-            raise InvalidInputError(
-                f"init_lead: colour(s) {[list(lead[k]) for k in rare]} led none of {_LEAD_TRIES} draws of uniform noise;"
-                " choose colours that each lead some noise, or an empty init_lead")
+    if energy.value_range is None:
+        x = torch.randn(shape, generator=generator, device=device)
+    else:
+        lo, hi = energy.value_range
+        x = lo + (hi - lo) * torch.rand(shape, generator=generator, device=device)
+    if smooth:
+        x = F.interpolate(x, size=energy.input_shape[1:], mode="bilinear", align_corners=False)
     return x
-
-
-def leading_colour(images: Tensor, lead: Sequence[Sequence[float]], background: Sequence[float]) -> Tensor:
-    """The index in ``lead`` (three RGB colours) of the colour with the largest mean coordinate of each image
-    ``(B, 3, H, W)``, the image written in the colours' coordinates seen from ``background``; ``(B,)``."""
-    return _leading(images, *_lead_frame(lead, background, images.device))
-
-
-def _lead_frame(lead: Sequence[Sequence[float]], background: Sequence[float],
-                device: torch.device) -> tuple[Tensor, Tensor]:
-    """``(K, C)`` map from RGB seen from the background to the colours' coordinates, and the background
-    ``(1, C, 1, 1)``."""
-    bg = torch.tensor(background, dtype=torch.float64)
-    to_lead = torch.linalg.inv(torch.tensor(lead, dtype=torch.float64).T - bg.view(3, 1))
-    return to_lead.to(device=device, dtype=torch.float32), bg.to(device=device, dtype=torch.float32).view(1, 3, 1, 1)
-
-
-def _leading(images: Tensor, to_lead: Tensor, bg: Tensor) -> Tensor:
-    return torch.einsum("kc,bc->bk", to_lead, (images - bg).mean(dim=(2, 3))).argmax(dim=1)  # (B,)
-
-
-_LEAD_TRIES = 1000
-"""draws of an image's noise before `initial_noise` gives up on a colour that never leads (the Shapes palette's
-rarest leads 1 in 12 draws)"""
 
 
 def sample(
@@ -195,18 +124,18 @@ def sample(
     keep_every: int = 0,
     progress: bool = False,
     callback: StepCallback | None = None,
-    form: Form = "auto",
     **overrides: Any,
 ) -> SampleResult:
-    """Run Algorithm 2 on ``energy`` and return a `SampleResult`.
+    """Run Algorithm 2 on ``energy`` as it is given and return a `SampleResult`.
+
+    This is the sampler itself: it runs the energy it is handed with the settings it is handed. How an
+    expression is sampled by default (its guided form, a model's own settings) is the pipeline's business:
+    `composable_ebm.pipeline.sample`, which ``Energy.sample`` and the CLI call.
 
     Args:
         energy: any ``Energy``, composite or not (it is not modified, nor its modes or flags).
-        form: how a sum of conditioned models is sampled (`composition_form`): ``auto`` (its guided
-            form when every term has a trained null condition, else the sum as written), ``plain`` (the
-            sum as written) or ``guided`` (refused for a sum that has no guided form).
         n: number of chains (with ``x0`` omitted: started from uniform noise).
-        config: sampler settings; default: `default_sampler_config` (a model's own, a composite's derived).
+        config: sampler settings (default: `SamplerConfig`'s defaults).
         x0: starting batch ``(n, *input_shape)`` instead of noise.
         labels: per-item attribute indices for a conditional energy.
         seed: explicit randomness; the same seed gives the same samples.
@@ -216,8 +145,7 @@ def sample(
         callback: called after every step with ``{"step", "x", "energy", "grad_norm", "accepted"}``.
         overrides: any `SamplerConfig` field, e.g. ``steps=100``.
     """
-    energy = composition_form(energy, form)
-    cfg = resolve_config(energy, config, overrides)
+    cfg = with_overrides(config or SamplerConfig(), overrides)
     if cfg.augment is not None and len(energy.input_shape) != 3:
         raise ValueError(f"augmentation transitions need image energies (C, H, W); this one takes {energy.input_shape}")
     if x0 is None:
@@ -225,7 +153,7 @@ def sample(
             raise InvalidInputError(f"n must be a positive integer (the number of samples), got {n!r}")
         dev = torch.device(device) if device is not None else energy.device
         gen = make_generator(seed, generator, dev)
-        x = initial_noise(energy, n, gen, dev, cfg.init_scale, cfg.init_lead, cfg.init_background)
+        x = initial_noise(energy, n, gen, dev, cfg.init_scale)
     else:
         if n is not None and n != x0.shape[0]:
             raise ValueError(f"n={n} disagrees with x0's batch of {x0.shape[0]}")
@@ -261,7 +189,7 @@ def sample(
     diagnostics = SamplerDiagnostics(
         energy=torch.stack(energies).float().cpu() if energies else torch.empty(0),
         grad_norm=torch.stack(grad_norms).float().cpu() if grad_norms else torch.empty(0),
-        acceptance=(torch.stack(accepts).cpu() if accepts else torch.empty(0)) if cfg.method == "mala" else None,
+        acceptance=torch.stack(accepts).cpu() if accepts else None,  # samplers with an accept/reject step
     )
     chain = torch.stack(kept) if kept else None
     return SampleResult(final.detach(), chain, diagnostics, cfg)
@@ -299,7 +227,7 @@ def run_chain(
     total = config.total_steps if num_steps is None else num_steps
     if not 0 <= total <= config.total_steps:
         raise ValueError(f"num_steps must be in 0..{config.total_steps} for this schedule, got {num_steps}")
-    step_fn = mala_step if config.method == "mala" else langevin_step
+    step_fn = SAMPLERS.get(config.method)
     schedule = [config.steps] * config.rounds + ([config.final_steps] if config.final_steps else [])
     state: ChainState | None = None
     done = 0

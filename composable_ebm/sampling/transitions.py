@@ -7,21 +7,30 @@ state caches the energy and gradient of its position, so MALA never recomputes t
 from __future__ import annotations
 
 import contextlib
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
-from composable_ebm.configs import MAX_TOTAL_STEPS, check_colour_basis, check_range, check_size
+from composable_ebm.configs import MAX_TOTAL_STEPS, check_range, check_size
 from composable_ebm.errors import InvalidInputError
+from composable_ebm.registry import Registry
 from composable_ebm.sampling.augment import AugmentConfig
 
 if TYPE_CHECKING:  # pragma: no cover; energies sit above the sampler
     from composable_ebm.energy import Energy, Labels
 
 Precision = Literal["float32", "bfloat16"]
+
+Step = Callable[..., "tuple[ChainState, StepInfo]"]
+"""A registered sampler: ``step(energy, state, config, generator, labels) -> (new state, info)``."""
+
+SAMPLERS: Registry[Step] = Registry("sampler method", package="composable_ebm.sampling",
+                                    group="composable_ebm.samplers")
+"""The chain transitions `SamplerConfig.method` names: one file in `composable_ebm.sampling` (or an entry point
+in the ``composable_ebm.samplers`` group) and ``@SAMPLERS.register("name")`` add one."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +50,8 @@ class SamplerConfig:
     """N: rounds of [augmentation, K steps] (Algorithm 2)"""
     final_steps: int = 0
     """plain steps after the last round"""
-    method: Literal["langevin", "mala"] = "langevin"
-    """`langevin` (clamped Langevin steps) or `mala` (Metropolis-adjusted)."""
+    method: str = "langevin"
+    """a registered sampler (`SAMPLERS`): `langevin` (clamped Langevin steps) or `mala` (Metropolis-adjusted)"""
     augment: AugmentConfig | None = None
     """augmentation transition at the start of every round"""
     clamp: bool = True
@@ -52,21 +61,6 @@ class SamplerConfig:
     init_scale: int = 1
     """chains start from uniform noise drawn at 1/init_scale of the image side and upsampled bilinearly
     (1: per-pixel uniform noise, Algorithm 2); larger values start from smooth colour fields"""
-    augment_preserves: tuple[str, ...] | None = None
-    """a model's own setting: which of its attributes ``augment`` leaves unchanged (its recipe records them); a
-    composite keeps an augmentation only when every term's bound attributes are among its model's. None: not
-    recorded, so a composite with this model runs no augmentation"""
-    init_lead: tuple[tuple[float, float, float], ...] = ()
-    """three RGB colours that take turns to lead the starting noise: each chain's uniform noise is drawn again until
-    the colour given to it (each 1 in 3 of the chains) has the largest mean coordinate of the image, the image
-    written in the colours' coordinates seen from `init_background`. Plain uniform noise leads with the colours
-    unequally (the Shapes palette: green 0.51, red 0.41, blue 0.08 of 16x16 images), and a network blind to which
-    of them an object has draws its object from the colour that leads. Empty: plain uniform noise (Algorithm 2)"""
-    init_background: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    """the colour that `init_lead`'s coordinates start from (RGB)"""
-    guidance_scale: float = 1.0
-    """a model's own setting for guided composites: its term ``E(x | c) - E(x | 0)`` is multiplied by it on top
-    of the weight written in the expression (classifier-free guidance's scale); no effect on anything else"""
 
     def __post_init__(self) -> None:
         if self.noise == "exact":  # spelling for recipe files, which have no null
@@ -78,13 +72,8 @@ class SamplerConfig:
             check_size("SamplerConfig", name, getattr(self, name), low=0, high=1 << 24)
         check_size("SamplerConfig", "rounds", self.rounds, high=1 << 20)
         check_size("SamplerConfig", "init_scale", self.init_scale, high=1 << 12)
-        if self.augment_preserves is not None:
-            if isinstance(self.augment_preserves, str) or not all(isinstance(a, str) for a in self.augment_preserves):
-                raise InvalidInputError(
-                    f"SamplerConfig.augment_preserves must be a list of attribute names, got {self.augment_preserves!r}")
-            object.__setattr__(self, "augment_preserves", tuple(self.augment_preserves))
-        check_range("SamplerConfig", "guidance_scale", self.guidance_scale, 0.0, 100.0, low_open=True)
-        self._check_init_lead()
+        if not isinstance(self.clamp, bool):
+            raise InvalidInputError(f"SamplerConfig.clamp must be true or false, got {self.clamp!r}")
         if self.steps < 0 or self.rounds < 1 or self.final_steps < 0:
             raise ValueError(
                 f"need steps >= 0, rounds >= 1, final_steps >= 0; got {self.steps}, {self.rounds}, {self.final_steps}"
@@ -93,31 +82,10 @@ class SamplerConfig:
             raise InvalidInputError(
                 f"SamplerConfig: rounds x steps + final_steps = {self.rounds} x {self.steps} + {self.final_steps}"
                 f" = {self.total_steps:,} Langevin steps; at most {MAX_TOTAL_STEPS:,}")
-        if self.method not in ("langevin", "mala"):
-            raise ValueError(f"unknown method {self.method!r}; valid choices: ['langevin', 'mala']")
+        if not isinstance(self.method, str) or self.method not in SAMPLERS:
+            raise InvalidInputError(f"unknown sampler method {self.method!r}; valid choices: {SAMPLERS.names()}")
         if self.precision not in ("float32", "bfloat16"):
             raise ValueError(f"unknown precision {self.precision!r}; valid choices: ['float32', 'bfloat16']")
-
-    def _check_init_lead(self) -> None:
-        """`init_lead` and `init_background` as tuples of floats; three colours that point three ways, or none."""
-        def colour(value: object, name: str) -> tuple[float, float, float]:
-            if (isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 3
-                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)):
-                raise InvalidInputError(f"SamplerConfig.{name} must be an RGB colour of three numbers, got {value!r}")
-            return tuple(float(v) for v in value)
-
-        object.__setattr__(self, "init_background", colour(self.init_background, "init_background"))
-        if isinstance(self.init_lead, (str, bytes)) or not hasattr(self.init_lead, "__len__"):
-            raise InvalidInputError(f"SamplerConfig.init_lead must be a list of three RGB colours, got {self.init_lead!r}")
-        if len(self.init_lead) == 0:
-            object.__setattr__(self, "init_lead", ())
-            return
-        if len(self.init_lead) != 3:
-            raise InvalidInputError(
-                f"SamplerConfig.init_lead needs 3 colours (got {len(self.init_lead)}); an empty list switches it off")
-        lead = tuple(colour(c, "init_lead") for c in self.init_lead)
-        object.__setattr__(self, "init_lead", lead)
-        check_colour_basis("SamplerConfig", "init_lead", lead, "init_background", self.init_background)
 
     @property
     def noise_std(self) -> float:
@@ -200,6 +168,7 @@ def differentiable_last_step(
     return langevin_move(energy, start, config, generator), start
 
 
+@SAMPLERS.register("langevin")
 def langevin_step(
     energy: Energy,
     state: ChainState,
@@ -224,6 +193,7 @@ def _log_proposal(to: Tensor, frm: Tensor, grad_frm: Tensor, step: float, std: f
     return -(diff * diff).sum(dim=1) / (2 * std * std)
 
 
+@SAMPLERS.register("mala")
 def mala_step(
     energy: Energy,
     state: ChainState,

@@ -174,8 +174,7 @@ class Trainer(TrainingState):
         Polya urn and is there for experiments only.
         """
         sampler = self.config.sampler
-        noise = initial_noise(self.energy, n, self.generator, self.device, sampler.init_scale, sampler.init_lead,
-                              sampler.init_background)
+        noise = initial_noise(self.energy, n, self.generator, self.device, sampler.init_scale)
         if len(self.buffer) == 0:
             return self._from_data(noise), dict(pos_labels)
         old, old_labels = self.buffer.sample(n, self.generator)

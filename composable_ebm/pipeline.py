@@ -1,0 +1,174 @@
+"""The sampling pipeline: the one place that decides how an expression is sampled.
+
+`Energy.sample`, `composable_ebm.sample`, ``cebm sample`` / ``cebm compose`` and the studio all call `sample`
+here, so the same expression and seed give the same samples everywhere. It decides three things, and the
+layers below it decide none of them:
+
+- **the form** (`plan`): ``auto`` samples a sum of two or more conditioned models that all have a trained null
+  condition (label dropout) in its guided form ``E_0 + sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))``, with each
+  model's own guidance scale ``s_i``; anything else as written. ``plain`` samples as written; ``guided`` asks
+  for the guided form (one line naming a term that has none);
+- **the settings** (`default_settings`): a trained model's own (`SamplingDefaults`, from its ``config.json``),
+  a composite's derived from its parts (below), else the sampler's defaults; keyword overrides win;
+- **the generator**: ``seed=`` or ``generator=``; without either, torch's global generator seeds the chains, so
+  ``torch.manual_seed`` makes a call repeat.
+
+A composite's settings come from its first part that has any, with these rules:
+
+- a plain sum divides the step size by the number of terms (the authors' composition scripts), not by the
+  weights, so a temperature ``/ T`` scales the gradient against fixed noise;
+- a guided sum keeps the part's step size and steps: each term's guidance moves the chain as far as that model
+  moves it alone, over the chain its model was trained on;
+- augmentation transitions only when every part uses the same one and records (``augment_preserves``) that it
+  leaves the attributes the part is bound to unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+from torch import Tensor
+
+from composable_ebm.energy import Conditioned, Disjunction, Energy, Guided, WeightedSum, guided, use_pipeline
+from composable_ebm.errors import InvalidInputError
+from composable_ebm.sampling import SampleResult, SamplerConfig, SamplingDefaults, with_overrides
+from composable_ebm.sampling import sample as run_sampler
+
+Form = Literal["auto", "plain", "guided"]
+FORMS: tuple[str, ...] = get_args(Form)
+
+
+def model_defaults(energy: Energy) -> SamplingDefaults | None:
+    """A trained model's own sampling defaults (its ``config.json``), ``None`` for an energy without any."""
+    defaults = getattr(energy, "sampling_defaults", None)
+    return defaults if isinstance(defaults, SamplingDefaults) else None
+
+
+def guidance_scale(term: Conditioned) -> float:
+    """The guidance scale of a conditioned model's term: its model's own, 1 without defaults."""
+    defaults = model_defaults(term.base)
+    return defaults.guidance_scale if defaults is not None else 1.0
+
+
+def has_guided_form(energy: Energy) -> bool:
+    """Whether ``energy`` is a sum of two or more conditioned models that all have a trained null condition."""
+    return isinstance(energy, WeightedSum) and len(energy.terms) > 1 and all(
+        isinstance(t, Conditioned) and t.base.has_null_condition for t in energy.terms)
+
+
+def composed(energy: Energy, form: str = "auto") -> Energy:
+    """The energy the sampler runs for ``energy`` in ``form`` (one of `FORMS`); see the module's docstring."""
+    if not isinstance(form, str) or form not in FORMS:
+        raise InvalidInputError(f"unknown composition form {form!r}; valid choices: {list(FORMS)}")
+    if isinstance(energy, Guided) or form == "plain" or (form == "auto" and not has_guided_form(energy)):
+        return energy
+    return guided(energy, guidance_scale)
+
+
+def default_settings(energy: Energy) -> SamplingDefaults | None:
+    """The settings ``sample`` uses for ``energy`` when none are given, ``None`` when no part has any (the
+    sampler's defaults apply); see the module's docstring for the rules of composites."""
+    own = model_defaults(energy)
+    if own is not None:
+        return own
+    if isinstance(energy, Conditioned):
+        return default_settings(energy.base)
+    if not isinstance(energy, (WeightedSum, Disjunction, Guided)):
+        return None
+    parts = [default_settings(t) for t in energy.terms]
+    first = next((d for d in parts if d is not None), None)
+    if first is None:
+        return None
+    shared = len({d.sampler.augment if d is not None else None for d in parts}) == 1
+    keeps = shared and all(_preserves(t, d) for t, d in zip(energy.terms, parts))
+    sampler = dataclasses.replace(first.sampler, augment=first.sampler.augment if keeps else None)
+    if isinstance(energy, WeightedSum):
+        sampler = dataclasses.replace(sampler, step_size=sampler.step_size / len(energy.terms))
+    return SamplingDefaults(sampler)
+
+
+def _preserves(term: Energy, defaults: SamplingDefaults | None) -> bool:
+    """Whether ``term``'s own augmentation is recorded to leave every attribute it is bound to unchanged."""
+    bound = set(term.bound) if isinstance(term, Conditioned) else set()
+    kept = defaults.augment_preserves if defaults is not None else None
+    return not bound or (kept is not None and bound <= set(kept))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `sample` runs: the energy in its form and the settings, overrides applied."""
+
+    energy: Energy
+    config: SamplerConfig
+
+
+def plan(energy: Energy, form: str = "auto", config: SamplerConfig | None = None, **overrides: Any) -> Plan:
+    """The energy and settings `sample` would run for ``energy`` (for showing them, as ``cebm info`` does)."""
+    if not isinstance(energy, Energy):
+        raise InvalidInputError(f"can only sample an Energy, got {type(energy).__name__}")
+    runs = composed(energy, form)
+    if config is None:
+        defaults = default_settings(runs)
+        config = defaults.sampler if defaults is not None else SamplerConfig()
+    return Plan(runs, with_overrides(config, overrides))
+
+
+def sample(
+    energy: Energy,
+    n: int | None = None,
+    config: SamplerConfig | None = None,
+    *,
+    form: str = "auto",
+    x0: Tensor | None = None,
+    labels: Any = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+    keep_every: int = 0,
+    progress: bool = False,
+    callback: Any = None,
+    **overrides: Any,
+) -> SampleResult:
+    """Sample ``energy`` as the toolkit does everywhere: `plan` (form and settings), then Algorithm 2
+    (`composable_ebm.sampling.sample`, whose arguments the rest are).
+
+    A chain with an accept/reject step (MALA) that accepted no proposal at all is refused in one line: its
+    samples would be the starting noise.
+    """
+    chosen = plan(energy, form, config, **overrides)
+    if constant(energy) or constant(chosen.energy):
+        raise InvalidInputError(f"{energy.expression()} has zero total weight on every term, so its energy is"
+                                " constant and its samples would be noise; give some term a non-zero weight")
+    result = run_sampler(chosen.energy, n, chosen.config, x0=x0, labels=labels, seed=seed, generator=generator,
+                         device=device, keep_every=keep_every, progress=progress, callback=callback)
+    acc = result.diagnostics.acceptance
+    if acc is not None and acc.numel() and not bool(acc.any()):
+        raise InvalidInputError(
+            f"{chosen.config.method} accepted none of {acc.numel()} steps' proposals for {energy.expression()}, so the"
+            f" samples are the starting noise: its proposals (step size {chosen.config.step_size:g}, noise std"
+            f" {chosen.config.noise_std:.3g}) are too far for this energy; lower the step size or the noise")
+    return result
+
+
+def constant(energy: Energy) -> bool:
+    """Whether ``energy`` is a sum whose weights cancel on every distinct term (``M - M``, ``0 * M``): as written its
+    energy is constant (noise), and its guided form would be no term's condition at all."""
+    if not isinstance(energy, (WeightedSum, Guided)):
+        return False
+    totals: dict[tuple, float] = {}
+    for w, term in zip(energy.weights, energy.terms):
+        totals[_term_key(term)] = totals.get(_term_key(term), 0.0) + w
+    return all(abs(w) < 1e-12 for w in totals.values())
+
+
+def _term_key(term: Energy) -> tuple:
+    """Terms with equal keys have equal energies: the same module, bound to the same values."""
+    if isinstance(term, Conditioned) and not any(isinstance(v, Tensor) for v in term.bound.values()):
+        return (id(term.base), tuple(sorted(term.bound.items())))
+    return (id(term),)
+
+
+use_pipeline(sample)

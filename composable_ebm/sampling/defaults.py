@@ -1,0 +1,72 @@
+"""A trained model's own sampling defaults: the typed record a model folder's ``config.json`` keeps.
+
+`SamplingDefaults` holds the chain settings a model was trained for (`SamplerConfig`) and what only a model
+knows about its place in a composite: its guidance scale and which of its attributes its augmentation leaves
+unchanged. The pipeline (`composable_ebm.pipeline`) reads it; no energy carries it.
+
+On disk (``config.json``'s ``"sampler"`` key) and in a recipe's ``[sampling]`` table it is one flat table: the
+`SamplerConfig` fields with ``guidance_scale`` and ``augment_preserves`` beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from composable_ebm.configs import check_range, config_from_dict, config_to_dict
+from composable_ebm.errors import InvalidInputError
+from composable_ebm.sampling.transitions import SamplerConfig
+
+_OWN = ("guidance_scale", "augment_preserves")
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """How a trained model is sampled when the caller does not say."""
+
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """the chain settings the model was trained for"""
+    guidance_scale: float = 1.0
+    """in a guided composite the model's term ``E(x | c) - E(x | 0)`` is multiplied by this on top of the weight
+    written in the expression (classifier-free guidance's scale); no effect on anything else"""
+    augment_preserves: tuple[str, ...] | None = None
+    """which of the model's attributes ``sampler.augment`` leaves unchanged; a composite keeps an augmentation only
+    when every term's bound attributes are among its model's. None: not recorded, so a composite with this model
+    runs no augmentation"""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sampler, SamplerConfig):
+            raise InvalidInputError(f"SamplingDefaults.sampler must be a SamplerConfig, got {type(self.sampler).__name__}")
+        check_range("SamplingDefaults", "guidance_scale", self.guidance_scale, 0.0, 100.0, low_open=True)
+        kept = self.augment_preserves
+        if kept is not None:
+            if isinstance(kept, str) or not all(isinstance(a, str) for a in kept):
+                raise InvalidInputError(f"augment_preserves must be a list of attribute names, got {kept!r}")
+            object.__setattr__(self, "augment_preserves", tuple(kept))
+
+    def to_flat(self) -> dict[str, Any]:
+        """The flat table of ``config.json`` and recipes: the sampler's fields, then this record's own."""
+        return {**config_to_dict(self.sampler), "guidance_scale": self.guidance_scale,
+                "augment_preserves": list(self.augment_preserves) if self.augment_preserves is not None else None}
+
+    @classmethod
+    def from_flat(cls, table: Mapping[str, Any]) -> SamplingDefaults:
+        """Parse the flat table; unknown keys and wrong types are one line naming the valid settings."""
+        if not isinstance(table, Mapping):
+            raise InvalidInputError(f"sampling defaults must be a table of settings, got {type(table).__name__}")
+        own = {k: table[k] for k in _OWN if k in table}
+        sampler = config_from_dict(SamplerConfig, {k: v for k, v in table.items() if k not in _OWN})
+        guidance = own.get("guidance_scale", 1.0)
+        if isinstance(guidance, bool) or not isinstance(guidance, (int, float)):
+            raise InvalidInputError(f"guidance_scale must be a number, got {guidance!r}")
+        return cls(sampler, float(guidance), own.get("augment_preserves"))
+
+    def replace(self, **changes: Any) -> SamplingDefaults:
+        """A copy with ``changes`` applied: this record's fields, or any `SamplerConfig` field."""
+        own = {k: v for k, v in changes.items() if k in ("sampler", *_OWN)}
+        rest = {k: v for k, v in changes.items() if k not in own}
+        if rest:
+            own["sampler"] = dataclasses.replace(own.get("sampler", self.sampler), **rest)
+        return dataclasses.replace(self, **own)
