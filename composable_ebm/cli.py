@@ -203,16 +203,73 @@ def train(
     init: Annotated[Optional[str], typer.Option(
         help="Start a new run from this model's weights (a folder, bundled name or org/name; a fresh optimiser): "
              "fine-tuning. A run resumed from its checkpoint ignores it.")] = None,
+    max_minutes: Annotated[Optional[float], typer.Option(
+        "--max-minutes", min=0.0, help="Stop after this many minutes of training, saving the checkpoint and the model "
+                                       "(the same command resumes).")] = None,
 ) -> None:
     """Train an energy with Algorithm 1 and save its EMA weights to OUT/model.
+
+    Ctrl-C (SIGINT), SIGTERM and --max-minutes stop after the step in progress and save the checkpoint and the model;
+    the same command resumes. `cebm export OUT` makes a model folder from the checkpoint of any run.
 
     \b
     Example: cebm train recipes/shapes-color.toml --out runs/color
     """
+    import signal
+
     from composable_ebm.runs import train_recipe
 
-    train_recipe(recipe, out, steps=steps, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change,
-                 device=_device(device), progress=progress, license=license, init=init, echo=typer.echo)
+    run = train_recipe(recipe, out, steps=steps, resume=resume, overwrite=overwrite,
+                       allow_config_change=allow_config_change, device=_device(device), progress=progress,
+                       license=license, init=init, echo=typer.echo, max_minutes=max_minutes)
+    if run.stopped is not None and run.stopped.startswith("SIG"):
+        raise typer.Exit(128 + int(getattr(signal, run.stopped)))  # the shell's status for a signalled command
+
+
+@app.command()
+def export(
+    run: Annotated[Path, typer.Argument(help="A run folder (cebm train --out), finished or not.")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Model folder to write (default: RUN/model).")] = None,
+    recipe: Annotated[Optional[Path], typer.Option(
+        help="The run's recipe, for a run written before runs kept their network.json.")] = None,
+    license: Annotated[Optional[str], typer.Option(help="License written into the model's card.")] = None,
+) -> None:
+    """Write a model folder from the EMA weights of a run's latest checkpoint, without resuming it.
+
+    \b
+    Example: cebm export runs/color --out models/color
+    """
+    from composable_ebm.runs import export_run
+
+    typer.echo(f"wrote {export_run(run, out, recipe=recipe, license=license)}")
+
+
+@app.command("train-classifier")
+def train_classifier_command(
+    folder: Annotated[Path, typer.Argument(help="An image folder with a CelebA-format attribute table.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Classifier folder to write.")],
+    attributes: Annotated[list[str], typer.Option(
+        "--attribute", "-a", help="A column to read (repeatable; default: every column).")] = [],  # noqa: B006
+    attribute_file: Annotated[str, typer.Option(help="The table, relative to FOLDER.")] = "list_attr_celeba.txt",
+    size: Annotated[int, typer.Option(min=8, help="Image side the classifier reads (your models' size).")] = 32,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps (Adam, batch 64).")] = 1500,
+    held_out: Annotated[float, typer.Option(
+        min=0.0, max=0.5, help="Share of the rows kept aside to measure accuracy.")] = 0.1,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the split and the training.")] = 0,
+    device: DeviceOpt = None,
+) -> None:
+    """Train an attribute classifier on a folder's attributes, so `cebm eval compose` can score your compositions.
+
+    \b
+    Example: cebm train-classifier data/faces --out runs/faces-classifier -a Smiling -a Hat --size 16
+    """
+    from composable_ebm.evaluation.classifier import fit_folder_classifier
+
+    result = fit_folder_classifier(folder, out, attributes or None, attribute_file, size, steps, held_out, seed,
+                                   _device(device))
+    for attr, acc in result.accuracy.items():
+        typer.echo(f"{attr}: {acc:.3f} read right on {result.held_out} held-out images")
+    typer.echo(f"wrote {result.folder}")
 
 
 def _sampling_options() -> list[inspect.Parameter]:
@@ -417,7 +474,9 @@ def plot(
 
 @app.command()
 def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name or org/name.")],
-         refresh: RefreshOpt = False) -> None:
+         refresh: RefreshOpt = False,
+         as_json: Annotated[bool, typer.Option("--json", help="Print the whole config.json as JSON instead.")] = False,
+         ) -> None:
     """Show a model's type, attributes, size and default sampler settings.
 
     \b
@@ -427,11 +486,33 @@ def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name o
 
     folder = resolve_source(model, refresh=refresh)
     payload = read_config(folder)
-    typed_configs(folder, payload)  # refuses a config that could not be loaded
+    _, defaults = typed_configs(folder, payload)  # refuses a config that could not be loaded
     import math
 
     tensors = sum(math.prod(shape) for shape, _ in weights_header(folder / WEIGHTS_NAME).values())
-    typer.echo(json.dumps({"folder": str(folder), "tensor_elements": tensors, **payload}, indent=2))
+    if as_json:
+        typer.echo(json.dumps({"folder": str(folder), "tensor_elements": tensors, **payload}, indent=2))
+        return
+    config = payload["config"]
+    rows = [("name", config.get("name", "")), ("type", payload["model_type"]), ("folder", str(folder)),
+            ("weights", f"{tensors:,}")]
+    if "image_size" in config:
+        rows.append(("input", f"{config.get('in_channels', 3)} x {config['image_size']} x {config['image_size']}"))
+    attributes = config.get("attributes") or {}
+    rows += [(f"attribute {a}", ", ".join(v)) for a, v in attributes.items()] or [("attributes", "(unconditional)")]
+    if "null_condition" in config and attributes:
+        rows.append(("unconditional energy", "trained (label dropout)" if config["null_condition"] else "no"))
+    if config.get("input_transforms"):
+        rows.append(("input transforms", ", ".join(config["input_transforms"])))
+    if defaults is not None:
+        c = defaults.sampler
+        noise = "exact" if c.noise is None else f"{c.noise:g}"
+        rows += [("sampler", f"{c.method}, {c.rounds} x {c.steps} steps" + (f" + {c.final_steps}" if c.final_steps else "")
+                  + f", step size {c.step_size:g}, noise {noise}" + (", augmented" if c.augment else "")),
+                 ("guidance scale", f"{defaults.guidance_scale:g}")]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        typer.echo(f"{key:<{width}}  {value}")
 
 
 @app.command()
@@ -543,14 +624,15 @@ def eval_fid(
 @eval_app.command("ood")
 def eval_ood(
     model: Annotated[str, typer.Argument(help="Model folder, bundled name or org/name.")],
-    in_data: Annotated[str, typer.Option("--in", help="In-distribution data: shapes, digits.")],
-    out_data: Annotated[str, typer.Option("--out", help="Out-of-distribution data: shapes, digits, noise.")],
+    in_data: Annotated[str, typer.Option("--in", help="In-distribution data: shapes, digits, or a folder of images.")],
+    out_data: Annotated[str, typer.Option(
+        "--out", help="Out-of-distribution data: shapes, digits, noise, or a folder of images.")],
     condition: Annotated[list[str], typer.Option("--condition", "-c", help="attr=value (repeatable).")] = [],  # noqa: B006
-    n: Annotated[int, typer.Option("-n")] = 500,
+    n: Annotated[int, typer.Option("-n", min=1, help="Images of each side (a folder: at most this many).")] = 500,
     seed: int = 0,
     device: DeviceOpt = None,
 ) -> None:
-    """OOD AUROC of -E(x) between two datasets (resized to the model's input shape).
+    """OOD AUROC of -E(x) between two datasets or image folders (resized to the model's input shape).
 
     A conditional model trained without label dropout needs its attributes bound (-c).
 
@@ -562,6 +644,7 @@ def eval_ood(
 
     from composable_ebm.data import digits, shapes
     from composable_ebm.evaluation import ood_auroc
+    from composable_ebm.images import load_image_folder
 
     energy = _load_energy(model, _device(device))
     bindings = _parse_bindings(condition)
@@ -576,8 +659,13 @@ def eval_ood(
             x = digits(h).images[:n]
         elif name == "noise":
             x = torch.rand(n, c, h, w, generator=torch.Generator().manual_seed(seed + offset))
+        elif Path(name).is_dir():
+            x = load_image_folder(name, size=h, limit=n)
+            if c == 1:  # a grey model reads the folder's luminance
+                x = (0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:]).clamp(0, 1)
         else:
-            raise typer.BadParameter(f"unknown data {name!r}; valid choices: ['digits', 'noise', 'shapes']")
+            raise InvalidInputError(f"unknown data {name!r}; valid choices: 'digits', 'noise', 'shapes' or a folder"
+                                    " of images")
         x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False) if x.shape[-1] != w else x
         return x.expand(-1, c, -1, -1) if x.shape[1] == 1 and c == 3 else x[:, :c]
 

@@ -116,6 +116,32 @@ def _model_type(model: nn.Module) -> str:
     return name
 
 
+def model_payload(model: nn.Module) -> dict[str, Any]:
+    """What ``config.json`` holds for ``model``: its type, config, version and (energies) sampling defaults."""
+    payload: dict[str, Any] = {
+        "model_type": _model_type(model),
+        "config": config_to_dict(model.config),
+        "composable_ebm_version": __version__,
+    }
+    if isinstance(model, Energy):
+        defaults = getattr(model, "sampling_defaults", None)
+        payload["sampler"] = defaults.to_flat() if defaults is not None else None
+    return payload
+
+
+def model_from_payload(path: Path) -> nn.Module:
+    """A freshly initialised model as the ``config.json``-format file at ``path`` describes it (no weights read)."""
+    payload = read_config(path.parent, path)
+    config, sampler = typed_configs(path.parent, payload, path)
+    try:
+        model = model_class(payload["model_type"])(config)
+    except ValueError as err:
+        raise ModelFileError(f"{path}: {err}") from err
+    if isinstance(model, Energy):
+        model.sampling_defaults = sampler
+    return model
+
+
 def save_model(model: nn.Module, folder: str | Path, card: str | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Write ``config.json``, ``model.safetensors`` (and ``README.md`` if a model card is given).
 
@@ -126,14 +152,7 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
     folder = Path(folder)
     if folder.is_symlink():
         folder = folder.resolve()
-    payload: dict[str, Any] = {
-        "model_type": _model_type(model),
-        "config": config_to_dict(model.config),
-        "composable_ebm_version": __version__,
-    }
-    if isinstance(model, Energy):
-        defaults = getattr(model, "sampling_defaults", None)
-        payload["sampler"] = defaults.to_flat() if defaults is not None else None
+    payload = model_payload(model)
     if extra:
         payload["extra"] = extra
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -199,10 +218,10 @@ def recover_folder(folder: str | Path) -> None:
             shutil.rmtree(item)
 
 
-def read_config(folder: str | Path) -> dict[str, Any]:
-    """The checked contents of ``folder/config.json``: a JSON object with only `CONFIG_KEYS` and a known
-    ``model_type``."""
-    path = Path(folder) / CONFIG_NAME
+def read_config(folder: str | Path, path: str | Path | None = None) -> dict[str, Any]:
+    """The checked contents of ``folder/config.json`` (or of ``path``, a file in that format): a JSON object with
+    only `CONFIG_KEYS` and a known ``model_type``."""
+    path = Path(path) if path is not None else Path(folder) / CONFIG_NAME
     if not path.is_file():
         raise ModelNotFoundError(f"{folder} has no {CONFIG_NAME}; a model folder holds {CONFIG_NAME} and {WEIGHTS_NAME}")
     if path.stat().st_size > MAX_CONFIG_BYTES:
@@ -225,14 +244,15 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     return payload
 
 
-def typed_configs(folder: Path, payload: dict[str, Any]) -> tuple[Any, SamplingDefaults | None]:
+def typed_configs(folder: Path, payload: dict[str, Any],
+                  path: Path | None = None) -> tuple[Any, SamplingDefaults | None]:
     """The network config and sampling defaults of a ``config.json`` payload, type- and range-checked."""
     config_cls = model_class(payload["model_type"]).config_class
     try:
         config = config_from_dict(config_cls, payload["config"])
         sampler = SamplingDefaults.from_flat(payload["sampler"]) if payload.get("sampler") is not None else None
     except InvalidInputError as err:
-        raise ModelFileError(f"{folder / CONFIG_NAME}: {err}") from err
+        raise ModelFileError(f"{path or folder / CONFIG_NAME}: {err}") from err
     return config, sampler
 
 

@@ -153,15 +153,26 @@ def build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
         return _build_model(recipe, data)
 
 
-def _build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
+def build_model_from_shapes(recipe: Recipe) -> Energy:
+    """The recipe's network with its input shape and attributes read from the data's description
+    (`DataConfig.describe`: no images decoded), for reading a checkpoint."""
+    attributes, shape = recipe.data.describe(recipe.folder)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.trainer.seed)
+        return _build_model(recipe, None, {a: attributes[a] for a in recipe.data.attributes}, shape)
+
+
+def _build_model(recipe: Recipe, data: ImageDataset | torch.Tensor | None,
+                 attributes: dict[str, tuple[str, ...]] | None = None, shape: tuple[int, ...] | None = None) -> Energy:
     cls = NETWORKS.get(recipe.model_type)
     config = model_config(recipe.model_type, recipe.model)
     fields = {f.name for f in dataclasses.fields(config)}
     decided: dict[str, Any] = {}
     if isinstance(data, ImageDataset):
-        attributes = dict(data.attributes)
-        decided.update(attributes=attributes, null_condition=bool(attributes) and recipe.trainer.label_dropout > 0,
-                       in_channels=data.images.shape[1], image_size=data.images.shape[2])
+        attributes, shape = dict(data.attributes), tuple(data.images.shape[1:])
+    if attributes is not None and shape is not None and len(shape) == 3:
+        decided.update(attributes=dict(attributes), null_condition=bool(attributes) and recipe.trainer.label_dropout > 0,
+                       in_channels=shape[0], image_size=shape[1])
     config = dataclasses.replace(config, **{k: v for k, v in decided.items() if k in fields})
     model = cls(config)
     model.sampling_defaults = recipe.sampling

@@ -21,8 +21,11 @@ from composable_ebm.errors import InvalidInputError
 if TYPE_CHECKING:  # pragma: no cover
     from composable_ebm.training import StepRecord
 
-RUN_FILES = ("checkpoint.pt", "log.jsonl", "model", "health.png", "tensorboard")
+RUN_FILES = ("checkpoint.pt", "log.jsonl", "model", "health.png", "tensorboard", "network.json")
 """What a run writes into its folder: a new run there must not mix with these."""
+NETWORK_FILE = "network.json"
+"""The run's network and sampling defaults (a model folder's ``config.json`` without weights): `export_run` builds
+the model from it."""
 
 
 @dataclass
@@ -35,6 +38,7 @@ class TrainedRun:
     resumed_from: int | None  # the step a resumed run started from; None: a fresh run
     set_aside: Path | None  # where a previous run's files were moved (``overwrite``)
     seconds: float  # wall time of this call's training
+    stopped: str | None = None  # why training stopped before its last step (a signal, --max-minutes); None: finished
 
 
 def set_aside_previous_run(out: Path, overwrite: bool) -> tuple[Path, list[str]] | None:
@@ -86,10 +90,81 @@ def _start_from(trainer: Any, source: str | Path, allow_config_change: bool = Fa
     return changed
 
 
+def estimate(trainer: Any, repeats: int = 2) -> tuple[float, int]:
+    """Seconds per training iteration, estimated by timing the chain's energy-and-gradient evaluations at the
+    batch size (the iteration's bulk), and the bytes of a checkpoint (model, EMA, Adam's two moments, replay
+    buffer). Draws from a generator of its own, so training is not changed by it."""
+    import math
+    import time as clock
+
+    cfg = trainer.config
+    energy = trainer.energy
+    gen = torch.Generator(device=trainer.device).manual_seed(0)
+    x = torch.rand((cfg.batch_size, *energy.input_shape), generator=gen, device=trainer.device)
+    labels = {a: torch.zeros(cfg.batch_size, dtype=torch.long, device=trainer.device) for a in energy.attributes}
+    energy.energy_and_grad(x, labels or None)  # warm-up
+    start = clock.perf_counter()
+    for _ in range(repeats):
+        energy.energy_and_grad(x, labels or None)
+    if trainer.device.type == "cuda":
+        torch.cuda.synchronize(trainer.device)
+    per_eval = (clock.perf_counter() - start) / repeats
+    steps = cfg.chain_steps_max or cfg.sampler.total_steps
+    seconds = per_eval * (steps + 4)  # the chain, then the losses' passes (about four evaluations' worth)
+    params = sum(p.numel() * p.element_size() for p in energy.parameters())
+    buffer = cfg.buffer_size * math.prod(energy.input_shape) * 4 if cfg.reinit_prob < 1 else 0
+    return seconds, 4 * params + buffer
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+class StopRequests:
+    """Turns SIGINT / SIGTERM and a time limit into a request the training loop reads after each step."""
+
+    def __init__(self, max_minutes: float | None = None) -> None:
+        self.deadline = time.monotonic() + 60 * max_minutes if max_minutes is not None else None
+        self.reason: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequests:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        import signal
+
+        if self.reason is not None and self.reason.startswith("SIG"):  # a second signal: stop at once
+            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+            signal.raise_signal(signum)
+        self.reason = signal.Signals(signum).name
+
+    def __call__(self) -> bool:
+        if self.reason is None and self.deadline is not None and time.monotonic() >= self.deadline:
+            self.reason = "--max-minutes"
+        return self.reason is not None
+
+
 def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = None, resume: bool = True,
                  overwrite: bool = False, allow_config_change: bool = False, device: torch.device | str | None = None,
                  progress: bool = False, license: str | None = None, init: str | Path | None = None,
-                 echo: Callable[[str], None] | None = None) -> TrainedRun:
+                 echo: Callable[[str], None] | None = None, max_minutes: float | None = None) -> TrainedRun:
     """Train ``recipe`` (a TOML file) into the run folder ``out``, as ``cebm train`` does.
 
     Resumes from ``out/checkpoint.pt`` when ``resume`` and it exists; ``resume=False`` starts a new run,
@@ -102,6 +177,11 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     model's weights instead of the recipe's initialisation, with a fresh optimiser: fine-tuning. Its network must
     be the recipe's. A step-0 checkpoint is written at once, so the run resumes as a fine-tune without ``init``;
     a run that resumes from a checkpoint ignores it.
+
+    Before training it says the estimated time per iteration and the checkpoint's size. SIGINT, SIGTERM or
+    ``max_minutes`` stop it after the step in progress: the checkpoint and the model folder are written as at the
+    end (`TrainedRun.stopped` says why), and ``cebm train`` resumes from there. `export_run` makes a model folder
+    from any run's checkpoint.
     """
     from tqdm.auto import tqdm
 
@@ -116,6 +196,8 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     spec = load_recipe(recipe)
     if steps is not None and steps < 0:
         raise InvalidInputError(f"--steps must be >= 0, got {steps}")
+    if max_minutes is not None and not max_minutes > 0:
+        raise InvalidInputError(f"--max-minutes must be a positive number of minutes, got {max_minutes}")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     init_distributed(device)
@@ -143,6 +225,13 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
             say(f"started from the weights of {init}" + (f"; settings changed: {'; '.join(init_changes)}"
                                                           if init_changes else ""))
         total = steps if steps is not None else spec.trainer.steps
+        if trainer.rank == 0:
+            _write_network(model, out / NETWORK_FILE)
+            if trainer.step < total:
+                per_step, size = estimate(trainer)
+                left = (total - trainer.step) * per_step
+                say(f"about {per_step:.2f} s per step on {trainer.device} (estimated), {total - trainer.step} steps to go:"
+                    f" about {left / 60:.0f} min; each checkpoint is about {_human_bytes(size)}")
         bar = tqdm(total=total, initial=trainer.step, disable=not progress or trainer.rank != 0, desc="training")
 
         def tick(step: int, record: StepRecord) -> None:
@@ -150,10 +239,11 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
             bar.set_postfix(e_diff=f"{record.e_diff:+.3f}", refresh=False)
 
         start = time.perf_counter()
-        try:
-            summary = trainer.fit(total, callback=tick)
-        finally:
-            bar.close()
+        with StopRequests(max_minutes) as stop:
+            try:
+                summary = trainer.fit(total, callback=tick, should_stop=stop)
+            finally:
+                bar.close()
         seconds = time.perf_counter() - start
         ema = trainer.ema
         ema.sampling_defaults = model.sampling_defaults
@@ -167,27 +257,76 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
             log = out / Trainer.LOG
             if log.is_file() and any("e_diff" in r for r in read_log(log)):  # a run shorter than log_every has none
                 plot_training_health(out, out / "health.png", title=recipe.stem)
-            say(f"trained {summary.steps} steps ({summary.rollbacks} rollbacks); model in {out / 'model'}")
-        return TrainedRun(ema, summary.steps, summary.rollbacks, resumed_from, aside, seconds)
+            if summary.stopped:
+                say(f"stopped at step {summary.steps} of {total} ({stop.reason}); checkpoint and model saved; run the"
+                    " same command to resume")
+            else:
+                say(f"trained {summary.steps} steps ({summary.rollbacks} rollbacks); model in {out / 'model'}")
+        return TrainedRun(ema, summary.steps, summary.rollbacks, resumed_from, aside, seconds,
+                          stop.reason if summary.stopped else None)
     finally:
         trainer.close()
 
 
-def load_run(run: str | Path, recipe: str | Path | None = None, device: torch.device | str = "cpu") -> Any:
-    """The EMA model of a run folder: ``run/model`` when training finished; else, given the run's
-    ``recipe``, the EMA weights of its latest checkpoint in the recipe's network."""
-    from composable_ebm.persistence import load_model
-    from composable_ebm.recipes import build_dataset, build_model, load_recipe
+def _write_network(model: Any, path: Path) -> None:
+    """The run's network and sampling defaults, as a model folder's ``config.json`` holds them."""
+    import json
+
+    from composable_ebm.atomic import write_atomic
+    from composable_ebm.persistence import model_payload
+
+    text = json.dumps(model_payload(model), indent=2)
+    write_atomic(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def checkpoint_model(run: str | Path, recipe: str | Path | None = None, device: torch.device | str = "cpu") -> Any:
+    """The EMA model of a run's latest checkpoint, built from the run's ``network.json`` (or, for a run without
+    one, from ``recipe``'s network, whose shapes the config decides without building the data)."""
+    from composable_ebm.persistence import model_from_payload
+    from composable_ebm.recipes import build_model_from_shapes, load_recipe
     from composable_ebm.training import load_checkpoint
+
+    run = Path(run)
+    checkpoint = run / "checkpoint.pt"
+    if not checkpoint.is_file():
+        raise InvalidInputError(f"{run} holds no checkpoint.pt: not a run folder, or a run that never saved")
+    if recipe is not None:
+        model = build_model_from_shapes(load_recipe(recipe))
+    elif (run / NETWORK_FILE).is_file():
+        model = model_from_payload(run / NETWORK_FILE)
+    else:
+        raise InvalidInputError(f"{run} has no {NETWORK_FILE} (a run of an older version): give the run's recipe")
+    state = load_checkpoint(checkpoint)
+    try:
+        model.load_state_dict(state["ema"], strict=True)
+    except (KeyError, RuntimeError) as err:
+        raise InvalidInputError(f"{checkpoint}: its weights do not fit the network described (give the run's own"
+                                " recipe)") from err
+    model.checkpoint_step = int(state["step"])
+    return model.to(device).eval()
+
+
+def export_run(run: str | Path, out: str | Path | None = None, recipe: str | Path | None = None,
+               license: str | None = None) -> Path:
+    """Write a model folder (default ``run/model``) from the EMA weights of a run's latest checkpoint: a stopped
+    or killed run's model, without resuming it."""
+    from composable_ebm.model_cards import model_card
+    from composable_ebm.persistence import save_model
+
+    run = Path(run)
+    model = checkpoint_model(run, recipe)
+    target = Path(out) if out is not None else run / "model"
+    card = model_card(model, steps=model.checkpoint_step, location=str(target), license=license,
+                      notes=f"Exported from the checkpoint of `{run.name}` at step {model.checkpoint_step}.")
+    return save_model(model, target, card=card)
+
+
+def load_run(run: str | Path, recipe: str | Path | None = None, device: torch.device | str = "cpu") -> Any:
+    """The EMA model of a run folder: ``run/model`` when training finished; else the EMA weights of its latest
+    checkpoint (`checkpoint_model`; ``recipe`` for a run without ``network.json``)."""
+    from composable_ebm.persistence import load_model
 
     run = Path(run)
     if (run / "model" / "config.json").is_file():
         return load_model(run / "model", device)
-    if recipe is None:
-        raise InvalidInputError(f"{run} has no finished model (no {run / 'model' / 'config.json'}); give its recipe"
-                                " to read the EMA weights of its checkpoint")
-    spec = load_recipe(recipe)
-    model = build_model(spec, build_dataset(spec.data, spec.folder))
-    state = load_checkpoint(run / "checkpoint.pt")
-    model.load_state_dict(state["ema"], strict=True)
-    return model.to(device).eval()
+    return checkpoint_model(run, recipe, device)

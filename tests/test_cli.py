@@ -115,8 +115,10 @@ def test_compose_reports_bad_attributes_clearly(trained, tmp_path):
 def test_plot_info_and_eval(trained, tmp_path):
     invoke("plot", trained / "color", "-o", tmp_path / "h.png")
     assert (tmp_path / "h.png").is_file()
-    info = json.loads(invoke("info", trained / "color" / "model").output)
+    info = json.loads(invoke("info", trained / "color" / "model", "--json").output)
     assert info["model_type"] == "resnet_energy" and info["config"]["attributes"] == {"color": ["red", "green", "blue"]}
+    table = invoke("info", trained / "color" / "model").output
+    assert "attribute color" in table and "red, green, blue" in table and "resnet_energy" in table
     torch.manual_seed(0)
     clf = AttributeClassifier(ClassifierConfig(image_size=8, width=8, attributes={"color": ("red", "green", "blue")}))
     save_model(clf, tmp_path / "clf")
@@ -288,8 +290,8 @@ def test_eval_fid_between_image_folders_with_a_classifiers_features(tmp_path):
 # extra arguments that make each example quick here (a later option overrides the example's own)
 _QUICK = {"train": ["--steps", "2", "--no-progress"], "sample": ["-n", "2", "--steps", "2", "--no-progress"],
           "compose": ["-n", "2", "--steps", "2", "--no-progress"], "eval compose": ["-n", "2", "--steps", "2"],
-          "eval ood": ["-n", "16"], "eval fid": ["--limit", "4"]}
-_ORDER = ["train", "push", "plot"]  # push and plot use what the train example wrote
+          "eval ood": ["-n", "16"], "eval fid": ["--limit", "4"], "train-classifier": ["--steps", "3"]}
+_ORDER = ["train", "push", "plot", "export"]  # push, plot and export use what the train example wrote
 
 
 def _help_examples() -> dict[str, list[str]]:
@@ -319,13 +321,16 @@ def test_every_help_example_parses_and_runs(tmp_path, monkeypatch):
 
     examples = _help_examples()
     assert {"train", "sample", "compose", "push", "plot", "info", "list", "eval compose", "eval fid",
-            "eval ood"} <= set(examples)
+            "eval ood", "export", "train-classifier"} <= set(examples)
     root = Path(__file__).resolve().parents[1]
     shutil.copytree(root / "recipes", tmp_path / "recipes")
     for folder in ("data/real", "samples"):
         (tmp_path / folder).mkdir(parents=True)
         for i in range(4):
             Image.new("RGB", (16, 16), (40 * i, 200, 30)).save(tmp_path / folder / f"{i}.png")
+    from tests.test_own_data import make_faces
+
+    make_faces(tmp_path / "data" / "faces", n=12)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     served = []  # the studio example would serve until stopped: record what it would serve instead

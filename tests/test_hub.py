@@ -80,7 +80,7 @@ os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp()  # a fresh cache: everything bel
 x = torch.randn(16, 2)
 main, pinned = c.load("someorg/toy"), MLPEnergy.from_pretrained("someorg/toy@v2")
 print(main.name, torch.equal(main(x), first(x)), pinned.name, torch.equal(pinned(x), second(x)))
-info = subprocess.run([*cli, "info", "someorg/toy@v2"], capture_output=True, text=True)
+info = subprocess.run([*cli, "info", "someorg/toy@v2", "--json"], capture_output=True, text=True)
 print(json.loads(info.stdout)["config"]["name"])
 from huggingface_hub import hf_hub_download
 for revision in ("main", "v2"):  # each card's usage block runs as written and loads its own model

@@ -94,6 +94,14 @@ class DataConfig:
         """The data (all of its attributes); ``base`` is the folder relative paths are resolved from (the recipe's)."""
         raise NotImplementedError(f"{type(self).__name__} must implement build(base)")
 
+    def describe(self, base: Path | None = None) -> tuple[dict[str, tuple[str, ...]], tuple[int, ...]]:
+        """Every attribute's value names and one item's shape. A dataset that can say so without building its data
+        (decoding no image) overrides this; by default the data is built."""
+        data = self.build(base)
+        if isinstance(data, ImageDataset):
+            return dict(data.attributes), tuple(data.images.shape[1:])
+        return {}, tuple(data.shape[1:])
+
 
 DATASETS: Registry[type[DataConfig]] = Registry("dataset", package="composable_ebm.data", group="composable_ebm.datasets")
 """Dataset configs by the name a recipe's ``dataset =`` gives."""

@@ -80,9 +80,10 @@ def column_values(values: Sequence[str]) -> tuple[str, ...]:
 
 def table_labels(files_columns: Mapping[str, Sequence[str]], columns: Mapping[str, str] | None,
                  where: str) -> tuple[dict[str, Tensor], dict[str, tuple[str, ...]]]:
-    """Labels and value names of the chosen columns: ours -> column, ``-Column`` for a binary column negated;
-    ``None``: every column under its own name."""
-    chosen = dict(columns) if columns else {name: name for name in files_columns}
+    """Labels and value names of every column under its own name, and of ``columns`` (ours -> column, ``-Column``
+    for a binary column negated) under ours."""
+    chosen = {name: name for name in files_columns}
+    chosen.update(columns or {})
     labels, attributes = {}, {}
     for ours, column in chosen.items():
         negate = column.startswith("-")
@@ -158,7 +159,8 @@ def attribute_folder(
     Args:
         root: folder holding the image files the table names; every row must lie inside it.
         attribute_file: the table (absolute, or relative to ``root``).
-        columns: our attribute name -> table column (``-Column`` negates a 1/-1 column); default: every column.
+        columns: more names: ours -> table column (``-Column`` negates a 1/-1 column); every column is also read
+            under its own name.
         image_size: images are centre-cropped to a square and resized to this size.
         channels: 1 or 3; default: 1 when every image is grey, else 3.
         holdout: attribute combinations (ours -> value name) left out of the data.
@@ -212,7 +214,8 @@ class FolderData(DataConfig):
     attribute_file: str = "list_attr_celeba.txt"
     """the CelebA-format table, relative to ``root``"""
     columns: dict[str, str] = field(default_factory=dict)
-    """ours -> table column (``-Column`` negates a 1/-1 column); empty: every column under its own name"""
+    """more attribute names: ours -> table column (``-Column`` negates a 1/-1 column); every column is also read under
+    its own name"""
     size: int = 64
     """image side"""
     channels: int = 0
@@ -241,3 +244,12 @@ class FolderData(DataConfig):
             raise
         except ValueError as err:  # value_index: a held-out attribute or value the table does not have
             raise InvalidInputError(f"[data] holdout: {err}") from err
+
+    def describe(self, base: Path | None = None) -> tuple[dict[str, tuple[str, ...]], tuple[int, ...]]:
+        """The table's attributes and the image shape, from the table and the images' headers (nothing decoded)."""
+        root = resolve_root(self.root, base)
+        table = root / self.attribute_file
+        files, raw = read_attribute_table(table)
+        _, attributes = table_labels(raw, self.columns or None, str(table))
+        channels = self.channels or (1 if all(image_mode(root / f) in GREY_MODES for f in files) else 3)
+        return attributes, (channels, self.size, self.size)

@@ -147,6 +147,9 @@ class ShapesData(DataConfig):
         """The training split."""
         return shapes(self.n, self.size, self.seed, holdout=self.holdout, balance=self.balance)
 
+    def describe(self, base: Path | None = None) -> tuple[dict[str, tuple[str, ...]], tuple[int, ...]]:
+        return dict(SHAPES_ATTRIBUTES), (3, self.size, self.size)
+
 
 # ------------------------------------------------------------------------------------- input transforms
 @TRANSFORMS.register("channel-sort")

@@ -57,6 +57,7 @@ class TrainingSummary:
     rollbacks: int
     faults: list[dict[str, Any]]
     seconds_per_step: float
+    stopped: bool = False  # fit returned before its last step (should_stop)
 
 
 class Trainer(TrainingState):
@@ -142,13 +143,18 @@ class Trainer(TrainingState):
         if missing:
             raise ValueError(f"the energy is conditioned on {sorted(energy.attributes)} but the data has no labels for {sorted(missing)}")
         labels = {a: labels[a].to(self.device).long() for a in energy.attributes}
-        return images.to(self.device), labels
+        if images.device.type == "cpu" and self.device.type == "cuda":
+            images = images.pin_memory()  # kept on the host (uint8 stays uint8): only each batch moves
+        return images, labels
 
     # ------------------------------------------------------------ one iteration
     def _draw_images(self, n: int) -> tuple[Tensor, Tensor]:
-        """``n`` training images drawn uniformly with replacement (float), and their indices."""
+        """``n`` training images drawn uniformly with replacement (float, on the device), and their indices.
+
+        The data stays where it was given (on the host, as uint8 when it is stored so); only the batch moves."""
         idx = torch.randint(self.images.shape[0], (n,), generator=self.generator, device=self.device)
-        return as_float_images(self.images[idx]), idx
+        batch = self.images[idx.to(self.images.device)].to(self.device, non_blocking=True)
+        return as_float_images(batch), idx
 
     def _positives(self, n: int) -> tuple[Tensor, dict[str, Tensor]]:
         x, idx = self._draw_images(n)
@@ -261,11 +267,14 @@ class Trainer(TrainingState):
 
     # ----------------------------------------------------------------- the loop
     def fit(
-        self, steps: int | None = None, callback: Callable[[int, StepRecord], None] | None = None
+        self, steps: int | None = None, callback: Callable[[int, StepRecord], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> TrainingSummary:
         """Train until ``steps`` iterations in total (default: ``config.steps``), resuming counts.
 
         ``callback(step, record)`` runs after every successful iteration (e.g. a progress bar).
+        ``should_stop()`` is asked after every iteration: when it says so, the state is checkpointed and training
+        returns early (``TrainingSummary.stopped``), so a signal or a time limit loses no finished step.
         """
         total = self.config.steps if steps is None else steps
         self._fit_total = total
@@ -284,10 +293,15 @@ class Trainer(TrainingState):
                 callback(self.step, record)
             if self.step % self.config.log_every == 0 or self.step == total:  # the last step too, so a short run can be plotted
                 self._log({"step": self.step, **record.to_log(buffer=len(self.buffer), rollbacks=self.rollbacks)})
-            if self.step % self.config.checkpoint_every == 0 or self.step == total:
+            stop = should_stop is not None and self.step < total and should_stop()
+            if self.step % self.config.checkpoint_every == 0 or self.step == total or stop:
                 self.save_checkpoint()
+            if stop:
+                self._log({"event": "stopped", "step": self.step})
+                break
         done = self.step - start_step
-        return TrainingSummary(self.step, self.rollbacks, self.faults, (time.perf_counter() - t_start) / max(done, 1))
+        return TrainingSummary(self.step, self.rollbacks, self.faults, (time.perf_counter() - t_start) / max(done, 1),
+                               stopped=self.step < total)
 
     def _handle_fault(self, step: int, reason: str) -> None:
         """Stop, or roll back to the last checkpoint with a new seed; the fault is logged once, after the
