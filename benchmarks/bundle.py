@@ -2,14 +2,15 @@
 their measured quality.
 
     python -m benchmarks.bundle --runs runs/shapes [--device "2-core CPU"]
-    python -m benchmarks.bundle --cards-only --realism runs/realism/realism-before.json \
+    python -m benchmarks.bundle --cards-only --realism runs/realism/realism-bundled.json \
         --composition runs/composition-bundled/composition.json    # new cards for the models already bundled
+    python -m benchmarks.bundle --sync-cards    # after a recipe or config edit: the cards' recipe and config blocks
 
 Reads ``RUNS/<attribute>/model`` (from ``cebm train``), ``runs/realism/realism-<label>.json`` (from
 ``benchmarks.realism``), ``runs/composition/composition.json`` (from ``benchmarks.composition``, when it
 exists) and ``runs/realism/curve-<attribute>.json`` (from ``benchmarks.realism_curve``, when it exists).
-Writes each model's card into its folder (``README.md``) and into ``model_cards/``. The bundled
-classifier is left as it is.
+Writes each model's card into ``model_cards/`` (the one source of the cards) and from there into its folder
+(``README.md``); tests/test_bundled.py checks that the two agree. The bundled classifier is left as it is.
 """
 
 from __future__ import annotations
@@ -83,8 +84,29 @@ def classifier_card() -> None:
     print("card of shapes-classifier")
 
 
+def sync_cards() -> None:
+    """Write each card's recipe and config blocks again from the recipes and config.json as they stand, then copy
+    ``model_cards/NAME.md`` to the bundled folder's README.md: the measured text of a card stays its own."""
+    from composable_ebm.model_cards import refresh_card
+    from composable_ebm.persistence import read_config
+
+    for card_path in sorted(CARDS_DIR.glob("*.md")):
+        name = card_path.stem
+        folder = BUNDLED_DIR / name
+        attribute = name.removeprefix("shapes-")
+        recipe = None
+        if attribute in ATTRIBUTES:
+            recipe = recipe_text(ROOT / "recipes" / FINE_TUNED.get(attribute, f"shapes-{attribute}.toml"))
+        card = refresh_card(card_path.read_text(), recipe, read_config(folder)["config"])
+        card_path.write_text(card)
+        (folder / "README.md").write_text(card)
+        print(f"card of {name}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sync-cards", action="store_true",
+                        help="only write the cards' recipe and config blocks again and copy them to the bundled folders")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "shapes")
     parser.add_argument("--realism", type=Path, default=ROOT / "runs" / "realism" / "realism-bundled.json")
     parser.add_argument("--device", default=f"{platform.machine()} CPU, {torch.get_num_threads()} threads")
@@ -97,6 +119,9 @@ def main() -> None:
                         help="with --cards-only: the bundled model is the fine-tune of FINE_TUNED, whose run is RUN and"
                              " whose weights are its STEP-th; the first stage's facts are read from the old card")
     args = parser.parse_args()
+    if args.sync_cards:
+        sync_cards()
+        return
     realism = json.loads(args.realism.read_text())["rows"]
     composition = json.loads(args.composition.read_text()) if args.composition.is_file() else None
     fine_tunes = {}
@@ -179,8 +204,8 @@ def main() -> None:
                                        f" {sum(joint) / len(joint):.3f}, worst {min(joint):.3f}")
         recipe_settings = load_recipe(recipe)
         if recipe_settings.sampling is not None and not args.cards_only:
-            model.sampler_config = recipe_settings.sampling  # the recipe's [sampling] as it stands (guidance_scale)
-        scale = model.sampler_config.guidance_scale if model.sampler_config is not None else 1.0
+            model.sampling_defaults = recipe_settings.sampling  # the recipe's [sampling] as it stands (guidance_scale)
+        scale = model.sampling_defaults.guidance_scale if model.sampling_defaults is not None else 1.0
         data = recipe_settings.trainer
         permuted = data.data_augment is not None and data.data_augment.channel_permute_prob > 0
         notes = "\n".join([
@@ -196,7 +221,7 @@ def main() -> None:
                " attribute (it has no unconditional energy, so no `guided(...)` form).")
             + (f" Its guidance scale is {scale:g} (`[sampling] guidance_scale`): in a guided composite its term's"
                f" weight is multiplied by {scale:g}, so `guided(a + {name}[...])` pulls towards its value"
-               f" {scale:g} times as hard as the weight reads (docs/benchmarks.md, screening the guidance scale)."
+               f" {scale:g} times as hard as the weight reads."
                if scale != 1 else ""),
             f"Trained on {device} in about {minutes:.0f} minutes (from the logged step times"
             + (f"; the first stage, {first_steps} iterations in about {first_minutes:.0f} minutes; then {tune_steps}"
@@ -215,12 +240,12 @@ def main() -> None:
                  for r in rows]
         card = model_card(model, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=steps, notes=notes,
                           metrics=["accuracy"], location=name, license="mit", datasets=None, eval_results=evals)
+        CARDS_DIR.mkdir(exist_ok=True)
+        (CARDS_DIR / f"shapes-{attribute}.md").write_text(card)
         if args.cards_only:
             (BUNDLED_DIR / name / "README.md").write_text(card)
         else:
             save_model(model, BUNDLED_DIR / name, card=card)
-        CARDS_DIR.mkdir(exist_ok=True)
-        (CARDS_DIR / f"shapes-{attribute}.md").write_text(card)
         print(f"bundled shapes-{attribute}")
 
 

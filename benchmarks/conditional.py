@@ -8,8 +8,8 @@ images with the same conditioned value, in units of the seen spread.
 
     python -m benchmarks.conditional --train                      # train every recipe, then evaluate
     python -m benchmarks.conditional --runs runs/shapes           # evaluate runs/shapes/<attribute>
-    python -m benchmarks.conditional --runs runs/before --recipes "recipes/ablations/shapes-{attribute}-before.toml" \
-        --attributes shape color --label before
+    python -m benchmarks.conditional --runs runs/ablation --recipes "recipes/ablations/shapes-{attribute}-no-kl.toml" \
+        --attributes shape --label no-kl
 
 Runs are ``cebm train`` run folders; an unfinished run is read from its latest checkpoint's EMA.
 """
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--train", action="store_true", help="train each recipe into RUNS/<attribute> first")
     parser.add_argument("--classifier", type=Path, default=ROOT / "runs" / "shapes-classifier")
     parser.add_argument("--n", type=int, default=256, help="samples per value")
-    parser.add_argument("--label", default="after", help="row label in the table (e.g. before / after)")
+    parser.add_argument("--label", default="after", help="row label in the table")
     parser.add_argument("--section", default="conditional", help="docs/benchmarks.md section to write")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()

@@ -521,6 +521,9 @@ def studio(
     port: Annotated[Optional[int], typer.Option(help="Port (default: the first free one from 7860).",
                                                  min=1, max=65535)] = None,
     device: DeviceOpt = None,
+    allowed_host: Annotated[list[str], typer.Option(
+        "--allowed-host", help="Another host name the page may be reached by (repeatable); the host served on and "
+                               "localhost are always allowed, any other Host or Origin is refused (403).")] = [],  # noqa: B006
 ) -> None:
     """Compose models in the browser: terms, weights, negation, the expression, samples with their readings.
 
@@ -537,7 +540,7 @@ def studio(
         raise typer.Exit(2)
     from composable_ebm.studio import launch
 
-    launch(host=host, port=port, device=str(_device(device)))
+    launch(host=host, port=port, device=str(_device(device)), allowed_host=tuple(allowed_host))
 
 
 @eval_app.command("compose")

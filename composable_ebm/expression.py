@@ -12,12 +12,16 @@ name, ``org/name`` or ``org/name@revision``). A ``-`` or ``/`` inside a name bel
 write the minus and division operators with spaces around them. Each model is loaded once, however often it appears.
 ``guided(a + b - 0.5 * c)`` is the guided form of a sum of conditioned models (`composable_ebm.energy.guided`), each
 term at its model's own guidance scale (`composable_ebm.pipeline.guidance_scale`).
+
+`parse_tree` reads the text into a tree of `Node` records (the one grammar: the studio shows this tree in its
+controls); `build` turns a tree into an `Energy`; `parse_expression` does both.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from composable_ebm.energy import Energy, guided
 from composable_ebm.errors import InvalidInputError, a_type
@@ -50,13 +54,60 @@ def tokenize(text: str) -> list[tuple[str, str]]:
     return tokens
 
 
+@dataclass(frozen=True)
+class ModelNode:
+    """``MODEL[attr=value, ...]``: a model, with the values it is bound to (in the order written)."""
+
+    name: str
+    bindings: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Weighted:
+    """``w * node`` or ``node * w``."""
+
+    weight: float
+    node: Node
+
+
+@dataclass(frozen=True)
+class Temperature:
+    """``node / T``."""
+
+    temperature: float
+    node: Node
+
+
+@dataclass(frozen=True)
+class Sum:
+    """``[-] a + b - c``: each term with its sign (+1 or -1)."""
+
+    terms: tuple[tuple[int, Node], ...]
+
+
+@dataclass(frozen=True)
+class Or:
+    """``a | b | c``."""
+
+    alternatives: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class GuidedNode:
+    """``guided(sum)``."""
+
+    node: Node
+
+
+Node = ModelNode | Weighted | Temperature | Sum | Or | GuidedNode
+"""A node of an expression's tree; parentheses leave no node of their own."""
+
+
 class _Parser:
-    def __init__(self, text: str, load: Callable[[str], Energy]) -> None:
+    def __init__(self, text: str) -> None:
         self.text = text
         self.tokens = tokenize(text)
         self.i = 0
-        self.load = load
-        self.cache: dict[str, Energy] = {}
         self.depth = 0
 
     def enter(self) -> None:
@@ -80,33 +131,30 @@ class _Parser:
         tok = self.peek()
         return tok is not None and tok[0] == "op" and tok[1] == value
 
-    def parse(self) -> Energy:
+    def parse(self) -> Node:
         result = self.expr()
         if self.peek() is not None:
             raise InvalidInputError(f"in {self.text!r}: unexpected {self.peek()[1]!r}")
         return result
 
-    def expr(self) -> Energy:
-        result = self.sum()
+    def expr(self) -> Node:
+        alternatives = [self.sum()]
         while self.at("|"):
             self.take("|")
-            result = result | self.sum()
-        return result
+            alternatives.append(self.sum())
+        return alternatives[0] if len(alternatives) == 1 else Or(tuple(alternatives))
 
-    def sum(self) -> Energy:
-        negate = self.at("-")
-        if negate:
+    def sum(self) -> Node:
+        sign = -1 if self.at("-") else 1
+        if sign < 0:
             self.take("-")
-        result = self.product()
-        if negate:
-            result = -result
+        terms = [(sign, self.product())]
         while self.at("+") or self.at("-"):
             op = self.take()
-            term = self.product()
-            result = result + term if op == "+" else result - term
-        return result
+            terms.append((1 if op == "+" else -1, self.product()))
+        return terms[0][1] if terms == [(1, terms[0][1])] else Sum(tuple(terms))
 
-    def product(self) -> Energy:
+    def product(self) -> Node:
         tok = self.peek()
         if tok is not None and tok[0] == "number":
             weight = float(self.take())
@@ -114,7 +162,7 @@ class _Parser:
                 raise InvalidInputError(f"in {self.text!r}: a weight of 0 removes its term; leave the term out instead")
             self.take("*")
             self.enter()
-            result = weight * self.product()
+            result: Node = Weighted(weight, self.product())
             self.depth -= 1
             return result
         result = self.factor()
@@ -124,10 +172,10 @@ class _Parser:
             if number == 0:
                 raise InvalidInputError(f"in {self.text!r}: {op} 0 " + ("removes its term; leave the term out instead"
                                         if op == "*" else "is no temperature; T must be > 0"))
-            result = result * number if op == "*" else result / number
+            result = Weighted(number, result) if op == "*" else Temperature(number, result)
         return result
 
-    def factor(self) -> Energy:
+    def factor(self) -> Node:
         if self.at("("):
             self.take("(")
             self.enter()
@@ -142,41 +190,78 @@ class _Parser:
             inner = self.sum()
             self.take(")")
             self.depth -= 1
-            try:
-                return guided(inner, guidance_scale)
-            except ValueError as err:
-                raise InvalidInputError(f"in {self.text!r}: {err}") from err
-        if name not in self.cache:
-            loaded = self.load(name)
-            if not isinstance(loaded, Energy):
-                raise InvalidInputError(f"in {self.text!r}: {name} is {a_type(loaded)}, not an energy;"
-                                        " only energy models compose")
-            self.cache[name] = loaded
-        energy = self.cache[name]
+            return GuidedNode(inner)
+        bindings: list[tuple[str, str]] = []
         if self.at("["):
             self.take("[")
-            bindings: dict[str, str] = {}
             while True:
                 attr = self.take(kind="name")
-                if attr in bindings:
-                    raise InvalidInputError(f"in {self.text!r}: {attr} is bound twice in [{attr}={bindings[attr]},"
+                if attr in dict(bindings):
+                    raise InvalidInputError(f"in {self.text!r}: {attr} is bound twice in [{attr}={dict(bindings)[attr]},"
                                             f" {attr}=...]; an attribute takes one value (for either, use |)")
                 self.take("=")
                 tok = self.peek()
-                bindings[attr] = self.take(kind="number" if tok is not None and tok[0] == "number" else "name")
+                bindings.append((attr, self.take(kind="number" if tok is not None and tok[0] == "number" else "name")))
                 if self.at(","):
                     self.take(",")
                     continue
                 break
             self.take("]")
-            energy = energy.condition(**bindings)
-        return energy
+        return ModelNode(name, tuple(bindings))
 
 
-def parse_expression(text: str, load: Callable[[str], Energy]) -> Energy:
-    """Build the composite energy an expression describes, loading models with ``load``."""
+def parse_tree(text: str) -> Node:
+    """The tree of an expression; one line naming the position or the token on a grammar error."""
     if not text.strip():
         raise InvalidInputError("empty composition expression")
     if len(text) > MAX_LENGTH:
         raise InvalidInputError(f"expression of {len(text)} characters; at most {MAX_LENGTH}")
-    return _Parser(text, load).parse()
+    return _Parser(text).parse()
+
+
+def build(node: Node, load: Callable[[str], Energy], text: str = "") -> Energy:
+    """The energy a tree describes, loading each named model once with ``load`` (``text``: for messages)."""
+    cache: dict[str, Energy] = {}
+
+    def model(name: str) -> Energy:
+        if name not in cache:
+            loaded = load(name)
+            if not isinstance(loaded, Energy):
+                raise InvalidInputError(f"in {text!r}: {name} is {a_type(loaded)}, not an energy;"
+                                        " only energy models compose")
+            cache[name] = loaded
+        return cache[name]
+
+    def visit(n: Node) -> Energy:
+        if isinstance(n, ModelNode):
+            energy = model(n.name)
+            return energy.condition(**dict(n.bindings)) if n.bindings else energy
+        if isinstance(n, Weighted):
+            return visit(n.node) * n.weight
+        if isinstance(n, Temperature):
+            return visit(n.node) / n.temperature
+        if isinstance(n, Sum):
+            (sign, first), *rest = n.terms
+            result = visit(first)
+            if sign < 0:
+                result = -result
+            for sign, term in rest:
+                result = result + visit(term) if sign > 0 else result - visit(term)
+            return result
+        if isinstance(n, Or):
+            result = visit(n.alternatives[0])
+            for alternative in n.alternatives[1:]:
+                result = result | visit(alternative)
+            return result
+        inner = visit(n.node)
+        try:
+            return guided(inner, guidance_scale)
+        except ValueError as err:
+            raise InvalidInputError(f"in {text!r}: {err}") from err
+
+    return visit(node)
+
+
+def parse_expression(text: str, load: Callable[[str], Energy]) -> Energy:
+    """Build the composite energy an expression describes, loading models with ``load``."""
+    return build(parse_tree(text), load, text)

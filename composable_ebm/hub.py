@@ -336,6 +336,29 @@ def split_revision(name: str, revision: str | None = None) -> tuple[str, str | N
     return name, check_revision(revision) if revision is not None else None
 
 
+def model_files(folder: Path) -> list[Path]:
+    """The files of `MODEL_FILES` that ``folder`` holds, each a regular file in the folder itself: a symbolic link
+    (which could point anywhere, a private key say) or anything else that is not a plain file is refused in one
+    line naming it, before anything is sent."""
+    import stat
+
+    out = []
+    for name in MODEL_FILES:
+        path = folder / name
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(mode):
+            raise InvalidInputError(f"{path} is a symbolic link (to {os.readlink(path)}); a push uploads only regular"
+                                    " files inside the model folder: put the file itself there")
+        if not stat.S_ISREG(mode):
+            raise InvalidInputError(f"{path} is not a regular file; a push uploads only regular files inside the model"
+                                    " folder")
+        out.append(path)
+    return out
+
+
 def upload_folder(folder: str | Path, repo_id: str, revision: str | None = None, private: bool = False,
                 token: str | None = None, commit_message: str | None = None) -> str:
     """Upload a model folder's files (`MODEL_FILES`) to ``repo_id`` as one commit; returns the commit's URL.
@@ -350,13 +373,13 @@ def upload_folder(folder: str | Path, repo_id: str, revision: str | None = None,
 
     folder = Path(folder)
     check_target(repo_id, revision)
+    files = model_files(folder)
     timeout = bound_hub_requests()
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory() as tmp:
         upload = Path(tmp)
-        for name in MODEL_FILES:
-            if (folder / name).is_file():
-                shutil.copy2(folder / name, upload / name)
+        for path in files:
+            shutil.copyfile(path, upload / path.name, follow_symlinks=False)
         card = upload / CARD_NAME
         if card.is_file():  # a generated card's usage line loads from where the model now lives
             at = f"{repo_id}@{revision}" if revision and revision != "main" else repo_id

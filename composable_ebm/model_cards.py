@@ -127,3 +127,20 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
               f"[arXiv:{ARXIV_ID}](https://arxiv.org/abs/{ARXIV_ID})", "",
               "```bibtex", CITATION, "```", ""]
     return "\n".join(lines)
+
+
+def refresh_card(card: str, recipe: list[tuple[str, str]] | None, config: dict) -> str:
+    """``card`` with its recipe blocks (each `` `name`: `` followed by a TOML block) and its Config block written
+    again from ``recipe`` (`recipe_text`) and ``config`` (the model's config as a dict): the card of a model whose
+    files moved on while its measured text stays. A file the card does not name is refused."""
+    import re
+
+    for name, text in recipe or []:
+        pattern = re.compile(rf"(`{re.escape(name)}`:\n\n```toml\n).*?(\n```)", re.S)
+        if not pattern.search(card):
+            raise ValueError(f"the card has no recipe block for {name}")
+        card = pattern.sub(lambda m: m.group(1) + text.strip() + m.group(2), card, count=1)
+    pattern = re.compile(r"(## Config\n\n```json\n).*?(\n```)", re.S)
+    if not pattern.search(card):
+        raise ValueError("the card has no Config block")
+    return pattern.sub(lambda m: m.group(1) + json.dumps(config, indent=2) + m.group(2), card, count=1)

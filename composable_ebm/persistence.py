@@ -54,6 +54,7 @@ from composable_ebm.hub import (
     hub_snapshot,
     is_repo_id,
     looks_local,
+    model_files,
     split_revision,
     upload_folder,
 )
@@ -168,9 +169,11 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
         ours = {WEIGHTS_NAME, CONFIG_NAME} | ({CARD_NAME} if card is not None else set())
         if folder.is_dir():
             for item in folder.iterdir():
-                if item.name not in ours:
-                    copy = shutil.copytree if item.is_dir() and not item.is_symlink() else shutil.copy2
-                    copy(item, staging / item.name)
+                if item.name not in ours:  # carried over as it is: a link stays a link, never a copy of its target
+                    if item.is_dir() and not item.is_symlink():
+                        shutil.copytree(item, staging / item.name, symlinks=True)
+                    else:
+                        shutil.copy2(item, staging / item.name, follow_symlinks=False)
         for name in ours:  # safetensors writes 0600; a model folder is for sharing
             os.chmod(staging / name, shared_mode())
             fsync_file(staging / name)
@@ -396,6 +399,7 @@ def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, p
     """Publish a saved model folder, checked by loading it first (never publish what would not load);
     returns the commit's URL. See `composable_ebm.hub.upload_folder`."""
     check_target(repo_id, revision)  # before the load: a bad name is refused at once
+    model_files(Path(folder))  # links and non-files refused before anything is read
     load_model(Path(folder))
     return upload_folder(folder, repo_id, revision, private, token, commit_message)
 

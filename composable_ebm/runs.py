@@ -232,7 +232,9 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                 left = (total - trainer.step) * per_step
                 say(f"about {per_step:.2f} s per step on {trainer.device} (estimated), {total - trainer.step} steps to go:"
                     f" about {left / 60:.0f} min; each checkpoint is about {_human_bytes(size)}")
-        bar = tqdm(total=total, initial=trainer.step, disable=not progress or trainer.rank != 0, desc="training")
+        # disable=None: the bar draws on a terminal only, so a log file gets no carriage returns
+        bar = tqdm(total=total, initial=trainer.step, disable=True if not progress or trainer.rank != 0 else None,
+                   desc="training")
 
         def tick(step: int, record: StepRecord) -> None:
             bar.update(step - bar.n)

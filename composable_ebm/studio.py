@@ -1,9 +1,10 @@
 """``cebm studio``: compose models in the browser.
 
 A local web app (Gradio, the optional ``studio`` extra: ``pip install -e ".[studio]"``) that edits a list
-of terms, shows the expression ``cebm compose`` would take for them, samples it and shows each sample
-with the bundled classifier's reading. Everything it does goes through the public API: the expression
-parser, the energy algebra and `composable_ebm.sampling.sample`.
+of terms, shows the expression ``cebm compose`` would take for them, samples it through the same pipeline
+(`composable_ebm.pipeline.sample`) and shows each sample with the reading of a classifier that covers the models'
+attributes (`covering_classifier`). Its controls show the tree of the one expression grammar
+(`composable_ebm.expression.parse_tree`).
 
 The first half of this module holds the page's logic as plain functions (terms to expression and back,
 readings, one generation), tested without a browser; `build_app` wires them to Gradio components.
@@ -17,6 +18,7 @@ import io
 import logging
 import math
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,18 +26,29 @@ from pathlib import Path
 from typing import Any
 
 from composable_ebm.errors import InvalidInputError, bug_line, exit_code_for, one_line
-from composable_ebm.expression import parse_expression, tokenize
+from composable_ebm.expression import (GuidedNode, ModelNode, Node, Or, Sum, Temperature, Weighted, parse_expression,
+                                       parse_tree, tokenize)
 
 log = logging.getLogger(__name__)
 
 OPERATORS = ("and", "and not", "or")
 """How a term joins the terms before it: ``+``, ``-`` (a weighted negation) or ``|`` (a new alternative)."""
 FORMS = ("plain", "guided")
-"""Plain sums (``a + b``) or the guided form (``guided(a + b)``), which needs models with a null condition. The studio
-samples its expression as written (``form="plain"`` in `generate`: a ``guided(...)`` stays guided, a sum stays plain)."""
+"""Plain sums (``a + b``) or the guided form (``guided(a + b)``), which needs models with a null condition. Generate
+samples the expression as `cebm compose` does with the matching ``--form`` (`page_form`): the note under the
+expression names the command."""
 MAX_TERMS = 8
 """Most terms the controls show; a longer expression is still sampled, as typed."""
+MAX_SAMPLES = 64
+"""Most samples one Generate draws (the library's own bound is far larger)."""
+MAX_STEPS = 1000
+"""Most Langevin steps of one Generate's chains (``rounds x steps + final_steps``)."""
+MAX_WORK = 64 * 240
+"""Most sample-steps (samples x steps) of one Generate: 64 samples of 240 steps, 16 of 960. On the 2-core CPU of
+the benchmarks the bundled composite runs about 600 sample-steps a second, so a request holds the studio for about
+half a minute at most."""
 CLASSIFIER = "shapes-classifier"
+"""The classifier tried first; any other bundled or cached classifier that covers the models is used too."""
 INSTALL_LINE = 'pip install -e ".[studio]"  (from a clone; or pip install "composable_ebm[studio]")'
 
 
@@ -110,107 +123,59 @@ def terms_to_expression(terms: Sequence[Term], form: str = "plain") -> str:
     return " | ".join(parts)
 
 
+class Stopped(Exception):
+    """The page's Stop: raised between two Langevin steps of the generation it stops."""
+
+
 class _Unshowable(Exception):
-    """The expression is valid grammar for `parse_expression` but the controls cannot show it."""
+    """The expression is valid grammar but the controls cannot show it."""
 
 
-class _TermParser:
-    """Reads the expressions `terms_to_expression` writes (and the same shapes written by hand)."""
+def _tree_terms(tree: Node) -> tuple[list[Term], str]:
+    """The terms and form of an expression's tree (`composable_ebm.expression.parse_tree`): a disjunction of
+    (guided) sums of weighted, tempered models; anything else is `_Unshowable`."""
+    terms: list[Term] = []
+    forms = set()
+    for alternative in tree.alternatives if isinstance(tree, Or) else (tree,):
+        guided = isinstance(alternative, GuidedNode)
+        body = alternative.node if guided else alternative
+        forms.add("guided" if guided else "plain")
+        group = [_tree_term(node, "and not" if sign < 0 else "and")
+                 for sign, node in (body.terms if isinstance(body, Sum) else ((1, body),))]
+        if terms:
+            group[0].op = "or"
+        terms += group
+    if len(forms) != 1 or len(terms) > MAX_TERMS:
+        raise _Unshowable
+    return terms, forms.pop()
 
-    def __init__(self, text: str) -> None:
-        self.tokens = tokenize(text)
-        self.i = 0
 
-    def peek(self) -> tuple[str, str] | None:
-        return self.tokens[self.i] if self.i < len(self.tokens) else None
-
-    def at(self, kind: str, value: str | None = None) -> bool:
-        tok = self.peek()
-        return tok is not None and tok[0] == kind and (value is None or tok[1] == value)
-
-    def take(self, kind: str, value: str | None = None) -> str:
-        if not self.at(kind, value):
+def _tree_term(node: Node, op: str) -> Term:
+    weight, temperature = 1.0, None
+    while not isinstance(node, ModelNode):
+        if isinstance(node, Weighted):
+            weight *= node.weight
+        elif isinstance(node, Temperature) and temperature is None:
+            temperature = node.temperature
+        else:  # a sum, a disjunction or a guided form inside a term, or a second temperature
             raise _Unshowable
-        self.i += 1
-        return self.tokens[self.i - 1][1]
-
-    def parse(self) -> tuple[list[Term], str]:
-        terms: list[Term] = []
-        forms = set()
-        while True:
-            guided = self.at("name", "guided") and self.i + 1 < len(self.tokens) and self.tokens[self.i + 1] == ("op", "(")
-            if guided:
-                self.take("name")
-                self.take("op", "(")
-            group = self.sum()
-            if guided:
-                self.take("op", ")")
-            forms.add("guided" if guided else "plain")
-            if terms:
-                group[0].op = "or"
-            terms += group
-            if not self.at("op", "|"):
-                break
-            self.take("op", "|")
-        if self.peek() is not None or len(forms) != 1 or len(terms) > MAX_TERMS:
-            raise _Unshowable
-        return terms, forms.pop()
-
-    def sum(self) -> list[Term]:
-        op = "and not" if self.at("op", "-") else "and"
-        if op == "and not":
-            self.take("op", "-")
-        group = [self.term(op)]
-        while self.at("op", "+") or self.at("op", "-"):
-            sign = self.take("op")
-            group.append(self.term("and" if sign == "+" else "and not"))
-        return group
-
-    def term(self, op: str) -> Term:
-        weight = 1.0
-        if self.at("number"):
-            weight = float(self.take("number"))
-            self.take("op", "*")
-        model = self.take("name")
-        if model == "guided":
-            raise _Unshowable
-        bindings: dict[str, str] = {}
-        if self.at("op", "["):
-            self.take("op", "[")
-            while True:
-                attr = self.take("name")
-                if attr in bindings:
-                    raise _Unshowable
-                self.take("op", "=")
-                bindings[attr] = self.take("number") if self.at("number") else self.take("name")
-                if not self.at("op", ","):
-                    break
-                self.take("op", ",")
-            self.take("op", "]")
-        temperature = None
-        while self.at("op", "*") or self.at("op", "/"):
-            sign = self.take("op")
-            number = float(self.take("number"))
-            if sign == "*":
-                weight *= number
-            elif temperature is None:
-                temperature = number
-            else:
-                raise _Unshowable
-        if weight <= 0 or (temperature is not None and temperature <= 0):
-            raise _Unshowable
-        return Term(model, bindings, weight, op, temperature)
+        node = node.node
+    if weight <= 0 or (temperature is not None and temperature <= 0):
+        raise _Unshowable
+    return Term(node.name, dict(node.bindings), weight, op, temperature)
 
 
 def expression_to_terms(text: str) -> tuple[list[Term], str] | None:
-    """The terms and form the controls show for ``text``, or ``None`` when they cannot show it (nested
-    parentheses, a weight on a parenthesised group, more than `MAX_TERMS` terms ...). Such an expression
-    is still sampled as typed. Raises `InvalidInputError` only for text the grammar cannot tokenize."""
+    """The terms and form the controls show for ``text``, read from the one grammar's tree
+    (`composable_ebm.expression.parse_tree`), or ``None`` when they cannot show it (nested parentheses, a weight on
+    a parenthesised group, more than `MAX_TERMS` terms ...) or the text is not yet a whole expression. Such an
+    expression is still sampled as typed. Raises `InvalidInputError` only for text the grammar cannot tokenize."""
     if not text.strip():
         return None
+    tokenize(text)  # a character the grammar has no place for: one line naming it
     try:
-        return _TermParser(text).parse()
-    except _Unshowable:
+        return _tree_terms(parse_tree(text))
+    except (_Unshowable, InvalidInputError):
         return None
 
 
@@ -264,14 +229,19 @@ def _png_data_uri(image: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def readings_html(images: Any, readings: Sequence[Reading], avoid: Mapping[str, str] | None = None) -> str:
+def readings_html(images: Any, readings: Sequence[Reading], avoid: Mapping[str, str] | None = None,
+                  classifier: str | None = CLASSIFIER) -> str:
     """Each sample (upscaled, pixels kept crisp) with its reading beside it: a tick for a value as asked,
-    a cross for one not as asked."""
+    a cross for one not as asked. Without a classifier, the samples alone and a line saying why."""
     from composable_ebm.images import image_grid
 
+    if classifier is None:
+        return ("<p class='cebm-summary'>no classifier at hand reads every attribute of these models: the samples"
+                " are shown without readings</p>")
+    name = html.escape(classifier)
     asked = [r.as_asked for r in readings if r.as_asked is not None]
     head = (f"<p class='cebm-summary'>{sum(asked)} of {len(asked)} samples read as asked (classifier:"
-            f" {CLASSIFIER})</p>" if asked else f"<p class='cebm-summary'>read by {CLASSIFIER}</p>")
+            f" {name})</p>" if asked else f"<p class='cebm-summary'>read by {name}</p>")
     cells = []
     for i, reading in enumerate(readings):
         uri = _png_data_uri(image_grid(images[i:i + 1], padding=0))
@@ -322,6 +292,46 @@ class Generation:
     seconds: float  # sampling only (models loaded, no drawing)
     expression: str  # the composite as the library writes it
     png: Path
+    classifier: str | None = None  # the classifier that read the samples; None: none covers the models
+
+
+def model_attributes(energy: Any) -> dict[str, tuple[str, ...]]:
+    """Every attribute (with its values) of the models an expression's energy is made of."""
+    out: dict[str, tuple[str, ...]] = {}
+    stack = [energy]
+    while stack:
+        node = stack.pop()
+        base = getattr(node, "base", None)
+        if base is not None:
+            stack.append(base)
+        elif hasattr(node, "terms"):
+            stack.extend(node.terms)
+        else:
+            out.update({a: tuple(v) for a, v in getattr(node, "attributes", {}).items()})
+    return out
+
+
+def covering_classifier(models: ModelCache, energy: Any, candidates: Sequence[str] | None = None) -> str | None:
+    """The first classifier (`CLASSIFIER`, then the others `list_models` finds) that reads every attribute of the
+    expression's models with the same values, at the models' input shape; ``None`` when none does, and then the
+    page shows the samples without readings rather than another dataset's."""
+    from composable_ebm.persistence import list_models
+
+    wanted = model_attributes(energy)
+    if not wanted:
+        return None
+    if candidates is None:
+        found = [row["name"] for row in list_models() if row.get("type") and "classifier" in row["type"]]
+        candidates = [CLASSIFIER, *(name for name in found if name != CLASSIFIER)] if CLASSIFIER in found else found
+    for name in candidates:
+        classifier = models(name)
+        config = getattr(classifier, "config", None)
+        known = {a: tuple(v) for a, v in getattr(config, "attributes", {}).items()}
+        shape = (getattr(config, "in_channels", None), getattr(config, "image_size", None),
+                 getattr(config, "image_size", None))
+        if all(known.get(a) == v for a, v in wanted.items()) and shape == tuple(energy.input_shape):
+            return name
+    return None
 
 
 def sampler_overrides(steps: str | int | None, step_size: str | float | None) -> dict[str, Any]:
@@ -344,17 +354,29 @@ def sampler_overrides(steps: str | int | None, step_size: str | float | None) ->
     return overrides
 
 
+def _whole(value: Any, low: int, high: int) -> bool:
+    """Whether a page field holds a whole number in ``[low, high]`` (an empty field holds none)."""
+    if value is None or isinstance(value, bool):
+        return False
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(number) and number.is_integer() and low <= number <= high
+
+
 def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, steps: str | int | None = None,
              step_size: str | float | None = None, on_step: Callable[[int, int], None] | None = None,
              out_dir: Path | None = None, form: str = "auto") -> Generation:
     """Sample ``expression`` through the pipeline, as ``cebm compose`` and ``.sample()`` do
-    (`composable_ebm.pipeline.sample`), and read the samples with the bundled classifier."""
+    (`composable_ebm.pipeline.sample`), and read the samples with a classifier that covers the models' attributes
+    (`covering_classifier`), when there is one."""
     from composable_ebm.images import chain_strip, image_grid
     from composable_ebm.pipeline import plan, sample
 
-    if isinstance(n, bool) or not float(n).is_integer() or not 1 <= int(n) <= 256:
-        raise InvalidInputError(f"the number of samples must be a whole number from 1 to 256, got {n!r}")
-    if not float(seed).is_integer() or not 0 <= int(seed) < 2**63:
+    if not _whole(n, 1, MAX_SAMPLES):
+        raise InvalidInputError(f"the number of samples must be a whole number from 1 to {MAX_SAMPLES}, got {n!r}")
+    if not _whole(seed, 0, 2**63 - 1):
         raise InvalidInputError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed!r}")
     energy = models.energy(expression)
     if len(energy.input_shape) != 3:
@@ -362,6 +384,12 @@ def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, st
     overrides = sampler_overrides(steps, step_size)
     chosen = plan(energy, form, **overrides)
     total = chosen.config.total_steps
+    if total > MAX_STEPS:
+        raise InvalidInputError(f"{total} Langevin steps in all; the studio runs at most {MAX_STEPS} a request"
+                                " (cebm compose has no such bound)")
+    if int(n) * total > MAX_WORK:
+        raise InvalidInputError(f"{int(n)} samples x {total} steps = {int(n) * total:,} sample-steps; the studio runs at"
+                                f" most {MAX_WORK:,} a request: fewer samples or steps (cebm compose has no such bound)")
     callback = (lambda record: on_step(record["step"], total)) if on_step is not None else None
     start = time.perf_counter()
     result = sample(energy, int(n), form=form, seed=int(seed), keep_every=max(1, total // 10), callback=callback,
@@ -369,14 +397,21 @@ def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, st
     seconds = time.perf_counter() - start
     parsed = expression_to_terms(expression)
     asked = asked_attributes(parsed[0]) if parsed is not None else None
-    classifier = models(CLASSIFIER)
-    readings = read_samples(result.samples, classifier, asked) if result.samples.shape[1] == 3 else []
+    reader = covering_classifier(models, energy)
+    readings = read_samples(result.samples, models(reader), asked) if reader is not None else []
     grid = image_grid(result.samples)
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="cebm-studio-"))
     png = out_dir / f"composed-seed{int(seed)}.png"
     grid.save(png)
     return Generation(result.samples, grid, chain_strip(result.chain), readings, seconds, chosen.energy.expression(),
-                      png)
+                      png, reader)
+
+
+def page_form(radio: str) -> str:
+    """The pipeline's form for the page's composition control: ``plain`` samples the expression as written
+    (`cebm compose --form plain`); ``guided`` samples it as `cebm compose` does by default (``auto``: the text is
+    ``guided(...)``, or a sum the pipeline samples in its guided form)."""
+    return "plain" if radio == "plain" else "auto"
 
 
 def sampler_summary(models: ModelCache, expression: str, form: str = "auto") -> str:
@@ -481,11 +516,13 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
                             gr.update(value=[], choices=[]), gr.update(value=1.0), gr.update(value=1.0)]
         return updates
 
-    def note_for(text: str, shown: bool = True) -> str:
+    def note_for(text: str, shown: bool = True, form: str = "guided") -> str:
         head = "The controls show this expression" if shown else \
             "The controls cannot show this expression; Generate samples it as typed"
+        command = f'`cebm compose "{text}"' + (" --form plain`" if form == "plain" else "`")
         try:
-            return f"{head}; {sampler_summary(models, text, 'plain')}."
+            return (f"{head}; Generate samples it as {command} does, with"
+                    f" {sampler_summary(models, text, page_form(form))}.")
         except Exception as err:  # noqa: BLE001 - shown in the page as one line
             return f"{head}. {error_line(err)}"
 
@@ -494,7 +531,7 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
             text = terms_to_expression(terms_from_slots(count, flat), form)
         except Exception as err:  # noqa: BLE001 - shown in the page as one line
             return "", error_line(err)
-        return text, note_for(text)
+        return text, note_for(text, form=form)
 
     with gr.Blocks(title="cebm studio", analytics_enabled=False) as app:
         gr.Markdown("# cebm studio\nCompose energy-based models: pick a model and its value for each term, join"
@@ -525,15 +562,21 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
             add = gr.Button("Add term", elem_id="add-term", scale=0)
             form = gr.Radio(list(FORMS), value="guided", label="composition", elem_id="form", scale=2,
                             info="guided needs models trained with a null condition")
-        expression = gr.Textbox(terms_to_expression(list(DEFAULT_TERMS), "guided"), label="expression (as cebm compose takes it)",
+        expression = gr.Textbox(terms_to_expression(list(DEFAULT_TERMS), "guided"), label="expression",
                                 buttons=["copy"], elem_id="expression", lines=1, max_lines=3)
         note = gr.Markdown(note_for(terms_to_expression(list(DEFAULT_TERMS), "guided")), elem_id="expression-note")
         with gr.Row():
             seed = gr.Number(0, label="seed", precision=0, elem_id="seed", minimum=0)
-            n = gr.Number(16, label="samples", precision=0, elem_id="n", minimum=1, maximum=256)
+            n = gr.Number(16, label=f"samples (at most {MAX_SAMPLES})", precision=0, elem_id="n", minimum=1,
+                          maximum=MAX_SAMPLES)
             steps = gr.Textbox("", label="steps per round", elem_id="steps", placeholder="the composite's own")
             step_size = gr.Textbox("", label="step size", elem_id="step-size", placeholder="the composite's own")
-        generate_button = gr.Button("Generate", variant="primary", elem_id="generate")
+        with gr.Row():
+            generate_button = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
+            stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
+        gr.Markdown(f"One request runs at a time; others wait in a queue that shows their place. Each request draws at"
+                    f" most {MAX_SAMPLES} samples of at most {MAX_STEPS} steps, {MAX_WORK:,} sample-steps in all"
+                    " (`cebm compose` has no such bounds).", elem_id="bounds")
         message = gr.Markdown("", elem_id="message")
         with gr.Row():
             grid = gr.Image(label="samples", type="pil", elem_id="grid", format="png", interactive=False)
@@ -623,43 +666,121 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
             except Exception as err:  # noqa: BLE001 - shown in the page as one line
                 return [c, *[gr.update() for _ in slot_outputs], gr.update(), f, error_line(err)]
             if parsed is None:
-                return [c, *[gr.update() for _ in slot_outputs], gr.update(), f, note_for(text, shown=False)]
+                return [c, *[gr.update() for _ in slot_outputs], gr.update(), f, note_for(text, shown=False, form=f)]
             terms, parsed_form = parsed
-            return [len(terms), *slot_updates(terms), gr.update(), parsed_form, note_for(text)]
+            return [len(terms), *slot_updates(terms), gr.update(), parsed_form, note_for(text, form=parsed_form)]
 
         for event in (expression.submit, expression.blur):
             event(on_expression, [expression, count, form, *fields], [count, *slot_outputs, expression, form, note],
                   queue=False)
 
-        def on_generate(text, seed_value, n_value, steps_value, step_size_value, progress=gr.Progress()):
+        stops: dict[str, threading.Event] = {}  # per browser session: Stop asks its own generation to end
+
+        def on_generate(text, form_value, seed_value, n_value, steps_value, step_size_value, request: gr.Request,
+                        progress=gr.Progress()):
+            stop = stops.setdefault(request.session_hash or "", threading.Event())
+            stop.clear()
+
             def on_step(step: int, total: int) -> None:
+                if stop.is_set():  # ends the chain between two steps: nothing keeps computing after Stop
+                    raise Stopped
                 progress((step, total), desc="sampling", unit="steps")
 
             try:
                 progress(0, desc="loading models")
                 made = generate(models, text, n=n_value, seed=seed_value, steps=steps_value,
-                                step_size=step_size_value, on_step=on_step, out_dir=out_dir, form="plain")
+                                step_size=step_size_value, on_step=on_step, out_dir=out_dir,
+                                form=page_form(form_value))
+            except Stopped:
+                return gr.update(), gr.update(), gr.update(), gr.update(), "stopped"
             except Exception as err:  # noqa: BLE001 - the page shows the one line and stays usable
                 return gr.update(), gr.update(), gr.update(), gr.update(), error_line(err)
             done = (f"sampled `{made.expression}`: {made.samples.shape[0]} samples in {made.seconds:.1f} s of sampling")
             return (made.grid, made.chain, gr.update(value=str(made.png), visible=True),
-                    readings_html(made.samples, made.readings), done)
+                    readings_html(made.samples, made.readings, classifier=made.classifier), done)
 
-        generate_button.click(on_generate, [expression, seed, n, steps, step_size],
+        def on_stop(request: gr.Request) -> None:
+            stop = stops.get(request.session_hash or "")
+            if stop is not None:
+                stop.set()
+
+        # Gradio finds its Request parameter by type hint; this module's hints are strings (postponed evaluation)
+        # naming gr, which is imported here, not at module level: give the hints as objects
+        on_generate.__annotations__ = {"request": gr.Request}
+        on_stop.__annotations__ = {"request": gr.Request}
+        generate_button.click(on_generate, [expression, form, seed, n, steps, step_size],
                               [grid, chain, download, readings, message], concurrency_limit=1)
+        stop_button.click(on_stop, None, None, queue=False)
     app.cebm_css = CSS
     return app
 
 
-def launch(host: str = "127.0.0.1", port: int | None = None, device: str = "cpu", **kwargs: Any) -> Any:
-    """Serve the studio (blocking unless ``prevent_thread_lock=True``): analytics off, fonts from the app."""
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def allowed_hosts(host: str, extra: Sequence[str] = ()) -> frozenset[str]:
+    """The host names the studio answers to: the one it serves on, the loopback names, and ``extra``."""
+    names = {host.strip("[]").lower(), *LOOPBACK_NAMES, *(h.strip("[]").lower() for h in extra)}
+    return frozenset(names - {"0.0.0.0", "::"})
+
+
+def _hostname(value: str) -> str:
+    """The host part of a ``Host`` header value (``name``, ``name:port``, ``[v6]:port``), lower case."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class HostGuard:
+    """ASGI middleware that answers 403 to a request whose ``Host``, or ``Origin`` when it has one, names a host the
+    studio was not started for: a page whose name resolves to 127.0.0.1 (DNS rebinding) cannot drive it."""
+
+    def __init__(self, app: Any, allowed: frozenset[str]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            host = _hostname(headers.get("host", ""))
+            origin = headers.get("origin")
+            problem = None
+            if host not in self.allowed:
+                problem = f"Host {headers.get('host', '')!r}"
+            elif origin is not None and origin != "null":
+                from urllib.parse import urlsplit
+
+                parts = urlsplit(origin)
+                if parts.scheme not in ("http", "https") or (parts.hostname or "") not in self.allowed:
+                    problem = f"Origin {origin!r}"
+            if problem is not None:
+                body = (f"forbidden: {problem} is not a host this studio was started for ({', '.join(sorted(self.allowed))});"
+                        " start it with --allowed-host NAME to add one\n").encode()
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                await send({"type": "http.response.start", "status": 403,
+                            "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def launch(host: str = "127.0.0.1", port: int | None = None, device: str = "cpu",
+           allowed_host: Sequence[str] = (), **kwargs: Any) -> Any:
+    """Serve the studio (blocking unless ``prevent_thread_lock=True``): analytics off, fonts from the app, one request
+    at a time in a queue, and only to the hosts it was started for (`allowed_hosts`; ``allowed_host`` adds names)."""
     import os
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
+    from starlette.middleware import Middleware
 
     app = build_app(device)
     app.queue(default_concurrency_limit=1)
+    guard = Middleware(HostGuard, allowed=allowed_hosts(host, allowed_host))
     app.launch(server_name=host, server_port=port, theme=gr.themes.Default(), css=CSS, share=False,
-               show_error=False, ssr_mode=False, **kwargs)
+               show_error=False, ssr_mode=False, app_kwargs={"middleware": [guard]}, **kwargs)
     return app

@@ -76,3 +76,25 @@ def test_bundled_models_compose_a_held_out_combination():
     wanted = {"color": "red", "shape": "circle", "size": "large"}
     joint = torch.stack([pred[a] == value_index(SHAPES_ATTRIBUTES, a, v) for a, v in wanted.items()]).all(0)
     assert float(joint.float().mean()) >= 0.6
+
+
+@pytest.mark.parametrize("name", sorted(bundled_models()))
+def test_each_bundled_card_is_produced_from_model_cards_and_states_the_files_as_they_are(name):
+    """model_cards/ is the one source of the cards: a bundled folder's README.md is a copy of it
+    (`python -m benchmarks.bundle --sync-cards`), and its Config and recipe blocks are the model's config.json and
+    the recipes as they stand."""
+    import json
+    from pathlib import Path
+
+    from composable_ebm.model_cards import recipe_text
+
+    root = Path(__file__).resolve().parents[1]
+    card = (root / "model_cards" / f"{name}.md").read_text()
+    assert (BUNDLED_DIR / name / "README.md").read_text() == card
+    config = json.loads((BUNDLED_DIR / name / "config.json").read_text())["config"]
+    block = re.search(r"## Config\n\n```json\n(.*?)\n```", card, re.S).group(1)
+    assert json.loads(block) == config
+    if name != "shapes-classifier":
+        recipe = "shapes-color-palette.toml" if name == "shapes-color" else f"{name}.toml"
+        for file, text in recipe_text(root / "recipes" / recipe):
+            assert f"`{file}`:\n\n```toml\n{text.strip()}\n```" in card, file

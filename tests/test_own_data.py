@@ -143,3 +143,17 @@ def test_sigterm_stops_training_with_a_checkpoint_and_a_model(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert "stopped at step" in out and "SIGTERM" in out
     assert (run / "checkpoint.pt").is_file() and (run / "model" / "config.json").is_file()
+
+
+def test_training_into_a_log_file_writes_no_carriage_returns(tmp_path):
+    """A progress bar draws on a terminal only: `cebm train ... > log` writes plain lines."""
+    make_faces(tmp_path / "faces")
+    recipe = recipe_for(tmp_path, "hair", "hair", "hair")
+    log = tmp_path / "train.log"
+    with log.open("w") as out:
+        proc = subprocess.run([sys.executable, "-m", "composable_ebm.cli", "train", str(recipe), "--out",
+                               str(tmp_path / "run"), "--steps", "2"], stdout=out, stderr=subprocess.STDOUT,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert "\r" not in text and "trained 2 steps" in text

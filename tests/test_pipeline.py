@@ -112,3 +112,17 @@ def test_compose_of_a_model_minus_itself_is_one_line(tmp_path):
                                  "-o", str(tmp_path / "z.png")])
     assert result.exit_code == 2 and "zero total weight on every term" in result.output
     assert not (tmp_path / "z.png").exists()
+
+
+def test_an_energy_samples_in_a_fresh_process_through_any_public_door():
+    """`Energy.sample` works whichever public module made the energy (the pipeline installs itself on import)."""
+    import subprocess
+    import sys
+
+    for code in ("import composable_ebm as c, torch; print(c.GaussianEnergy(torch.zeros(2), torch.eye(2)).sample(3).shape)",
+                 "from composable_ebm.analytic import GaussianEnergy; import torch;"
+                 " print(GaussianEnergy(torch.zeros(2), torch.eye(2)).sample(3).shape)",
+                 "import composable_ebm as c; print(c.load('shapes-shape').condition(shape='circle').sample(1, steps=1).shape)"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "torch.Size" in out.stdout

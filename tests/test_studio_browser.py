@@ -38,11 +38,8 @@ def url():
 
     torch.set_num_threads(2)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    app = studio.build_app("cpu")
-    app.queue(default_concurrency_limit=1)
-    _, local_url, _ = app.launch(server_name="127.0.0.1", prevent_thread_lock=True, theme=gradio.themes.Default(),
-                                 css=studio.CSS, ssr_mode=False, quiet=True, share=False)
-    yield local_url
+    app = studio.launch("127.0.0.1", device="cpu", prevent_thread_lock=True, quiet=True)  # as `cebm studio` serves it
+    yield app.local_url
     app.close()
 
 
@@ -157,3 +154,19 @@ def test_deleting_a_term_updates_the_expression(page):
     expect(_expression(page)).to_have_value("guided(shapes-color[color=red] + shapes-size[size=large])")
     expect(page.locator("#term-2")).to_be_hidden()
     expect(page.locator("#term-1-model input")).to_have_value("shapes-size")
+
+
+def test_stop_ends_a_long_generation_and_the_page_stays_usable(page):
+    """A request within the bounds can still take a while: Stop cancels it, and the next Generate runs."""
+    page.locator("#steps input, #steps textarea").first.fill("900")
+    page.click("#generate")
+    page.wait_for_timeout(1500)
+    page.click("#stop")
+    expect(page.locator("#message")).to_contain_text("stopped", timeout=20_000)
+    page.locator("#steps input, #steps textarea").first.fill("5")
+    page.click("#generate")
+    expect(page.locator("#message")).to_contain_text("16 samples in")
+
+
+def test_the_page_names_its_bounds(page):
+    expect(page.locator("#bounds")).to_contain_text("at most 64 samples of at most 1000 steps")

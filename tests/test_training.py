@@ -548,3 +548,30 @@ def test_a_checkpoint_of_a_gpu_run_resumes_on_the_cpu_and_says_it_is_not_bit_for
     other.close()
     events = [r for r in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines()) if r.get("event")]
     assert {"event": "device_changed", "step": 2, "from": "cuda:0", "to": "cpu"} in events
+
+
+def test_a_checkpoint_that_saved_a_removed_setting_at_its_behaving_value_resumes(tmp_path):
+    """negative_labels left TrainerConfig; a checkpoint that saved "positives" (what the trainer does now) resumes,
+    one that saved "buffer" is refused as another setting."""
+    import json
+
+    from composable_ebm import MLPConfig, MLPEnergy, SamplerConfig, Trainer, TrainerConfig
+    from composable_ebm.errors import InvalidInputError
+
+    config = TrainerConfig(steps=2, batch_size=8, buffer_size=16, log_every=1, checkpoint_every=1, chain_augment=None,
+                           dequantize=False, sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=2))
+    data = torch.randn(64, 2)
+    first = Trainer(MLPEnergy(MLPConfig(hidden=8, depth=1)), data, config, out_dir=tmp_path)
+    first.fit()
+    first.close()
+    path = tmp_path / "checkpoint.pt"
+    for value, resumes in (("positives", True), ("buffer", False)):
+        state = torch.load(path, weights_only=True)
+        state["trainer_config"] = json.dumps({**json.loads(state["trainer_config"]), "negative_labels": value})
+        torch.save(state, tmp_path / f"{value}.pt")
+        again = Trainer(MLPEnergy(MLPConfig(hidden=8, depth=1)), data, config)
+        if resumes:
+            assert again.resume(tmp_path / f"{value}.pt") and again.step == 2
+        else:
+            with pytest.raises(InvalidInputError, match="negative_labels"):
+                again.resume(tmp_path / f"{value}.pt")

@@ -101,7 +101,7 @@ def extract_features(images: Tensor, feature_fn: FeatureFn, batch_size: int = 10
     if progress:
         from tqdm.auto import tqdm
 
-        chunks = tqdm(chunks, desc="features", leave=False)
+        chunks = tqdm(chunks, desc="features", leave=False, disable=None)  # terminals only
     for chunk in chunks:
         chunk = as_float_images(chunk)
         out.append(feature_fn(chunk.to(device) if device is not None else chunk).flatten(1).double().cpu())

@@ -165,7 +165,7 @@ def sample(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.total_steps, desc="sampling", unit="step", leave=False)
+        bar = tqdm(total=cfg.total_steps, desc="sampling", unit="step", leave=False, disable=None)  # terminals only
 
     def on_step(step: int, state: ChainState, info: StepInfo) -> None:
         _record(info, energies, grad_norms, accepts)

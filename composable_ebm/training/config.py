@@ -14,6 +14,9 @@ from composable_ebm.sampling import AugmentConfig, SamplerConfig
 
 # settings a resume may change without being asked: how long to train and how often to log or save
 RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every"})
+# settings removed from TrainerConfig, with the value that behaves as the trainer does now: a checkpoint that saved
+# that value resumes as if the setting had never been there
+REMOVED_SETTINGS = {"negative_labels": "positives"}
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,6 @@ class TrainerConfig(JSONConfig):
     """Augmentation of chain starts drawn from the buffer; `false` in a recipe turns it off."""
     data_augment: AugmentConfig | None = None
     """augmentation of the positives (changes only what the model ignores)"""
-    negative_labels: Literal["positives", "buffer"] = "positives"
-    """the condition each chain runs under"""
     label_weight: float = 0.0
     """L_label: positives under another value as negatives (not in the paper; 0: off)"""
     label_dropout: float = 0.0
@@ -104,8 +105,6 @@ class TrainerConfig(JSONConfig):
                 "TrainerConfig.sampler.augment is set, but a training chain takes one augmentation: chain_augment,"
                 " of its start ([trainer.chain_augment] in a recipe); move the setting there"
                 " ([sampling.augment] is the sampling chains')")
-        if self.negative_labels not in ("positives", "buffer"):
-            raise ValueError(f"unknown negative_labels {self.negative_labels!r}; valid choices: ['buffer', 'positives']")
         if self.label_weight < 0:
             raise ValueError(f"label_weight must be >= 0, got {self.label_weight}")
         owner = "TrainerConfig"

@@ -19,7 +19,8 @@ from composable_ebm.training.checkpoint import (
     restore_rng_state,
     save_atomic,
 )
-from composable_ebm.training.config import RESUMABLE_CHANGES, TrainerConfig, config_differences, with_defaults
+from composable_ebm.training.config import (REMOVED_SETTINGS, RESUMABLE_CHANGES, TrainerConfig, config_differences,
+                                           with_defaults)
 
 
 class TrainingState:
@@ -80,7 +81,9 @@ class TrainingState:
                 raise TypeError(f"trainer_config holds a {type(saved).__name__}")
         except (KeyError, TypeError, ValueError) as err:
             raise ModelFileError(f"{path}: unreadable training settings; start fresh with --no-resume --overwrite (the old files are kept aside) or another --out") from err
-        # a setting added to TrainerConfig after the checkpoint was written had its default then
+        # a setting added to TrainerConfig after the checkpoint was written had its default then; one removed since
+        # is dropped where the checkpoint holds the value that behaves as the trainer does now
+        saved = {k: v for k, v in saved.items() if REMOVED_SETTINGS.get(k, object()) != v}
         changed = config_differences(with_defaults(saved, TrainerConfig().to_dict()), self.config.to_dict())
         changed = {k: v for k, v in changed.items() if k not in RESUMABLE_CHANGES}
         if changed and not allow_config_change:

@@ -173,25 +173,19 @@ class Trainer(TrainingState):
 
         Starts are buffer samples, each through one ``chain_augment`` transition, or fresh uniform noise with
         probability ``reinit_prob`` (never augmented: a crop of noise is smoother noise than sampling starts from).
-        By default every chain runs under the labels of the positive it is paired with (the
-        authors' Algorithm 1), so the label mix of the negatives is the data's and a sample
-        made under one label is often restarted under another. ``negative_labels="buffer"``
-        keeps the label a buffer sample was made under instead; that mix drifts like a
-        Polya urn and is there for experiments only.
+        Every chain runs under the labels of the positive it is paired with (the authors' Algorithm 1), so the
+        label mix of the negatives is the data's and a sample made under one label is often restarted under another.
         """
         sampler = self.config.sampler
         noise = initial_noise(self.energy, n, self.generator, self.device, sampler.init_scale)
         if len(self.buffer) == 0:
             return self._from_data(noise), dict(pos_labels)
-        old, old_labels = self.buffer.sample(n, self.generator)
+        old, _ = self.buffer.sample(n, self.generator)
         fresh = torch.rand(n, generator=self.generator, device=self.device) < self.config.reinit_prob
         if self.config.chain_augment is not None:  # a transition of the chains continued from the buffer only
             old = augment(old, self.config.chain_augment, self.generator)
         shape = (-1,) + (1,) * (noise.ndim - 1)
-        x = self._from_data(torch.where(fresh.view(shape), noise, old))
-        if self.config.negative_labels == "positives":
-            return x, dict(pos_labels)
-        return x, {a: torch.where(fresh, pos_labels[a], old_labels[a]) for a in pos_labels}
+        return self._from_data(torch.where(fresh.view(shape), noise, old)), dict(pos_labels)
 
     def _from_data(self, x: Tensor) -> Tensor:
         """Replace each start by an independently drawn training image with probability ``data_start_prob``."""
