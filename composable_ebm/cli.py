@@ -23,6 +23,10 @@ if TYPE_CHECKING:  # torch is imported by the commands that need it, so `cebm --
     import torch
 
 DEBUG_KEY = "cebm.debug"
+MAX_THREADS = 1024
+"""Most CPU threads --threads may ask torch for."""
+MAX_SAMPLES = 1 << 20
+"""Most samples one command draws (-n)."""
 
 
 class _Group(TyperGroup):
@@ -78,8 +82,8 @@ def _main(
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
     ctx.meta[DEBUG_KEY] = debug
-    if threads is not None and threads < 1:
-        raise typer.BadParameter(f"--threads must be >= 1, got {threads}")
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise typer.BadParameter(f"--threads must be a whole number from 1 to {MAX_THREADS}, got {threads}")
     _THREADS["n"] = default_threads() if threads is None else threads
 
 
@@ -176,7 +180,7 @@ ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
 FormOpt = Annotated[Form, typer.Option(
     help="auto: a sum of conditioned models with unconditional energies is sampled in its guided form (better for the"
          " bundled models); plain: the expression as written; guided: guided(expression).")]
-CountOpt = Annotated[int, typer.Option("-n", min=1, help="Number of samples.")]
+CountOpt = Annotated[int, typer.Option("-n", min=1, max=MAX_SAMPLES, help="Number of samples.")]
 RefreshOpt = Annotated[bool, typer.Option("--refresh", help="Ask the Hub for the newest revision of org/name models and "
                                           "download them again, even when cached.")]
 ScaleOpt = Annotated[Optional[int], typer.Option(
@@ -631,7 +635,8 @@ def eval_ood(
     out_data: Annotated[str, typer.Option(
         "--out", help="Out-of-distribution data: shapes, digits, noise, or a folder of images.")],
     condition: Annotated[list[str], typer.Option("--condition", "-c", help="attr=value (repeatable).")] = [],  # noqa: B006
-    n: Annotated[int, typer.Option("-n", min=1, help="Images of each side (a folder: at most this many).")] = 500,
+    n: Annotated[int, typer.Option("-n", min=1, max=MAX_SAMPLES,
+                                   help="Images of each side (a folder: at most this many).")] = 500,
     seed: int = 0,
     device: DeviceOpt = None,
 ) -> None:

@@ -33,6 +33,9 @@ Labels = Mapping[str, Tensor]
 """Per-item attribute values: attribute name -> integer value indices of shape ``(B,)``
 (`NULL` for an item whose attribute is left unbound)."""
 
+MAX_WEIGHT = 1e6
+"""Largest weight a composite's term may carry (a product of weights and inverse temperatures)."""
+
 NULL = -1
 """The value index of the null condition: the attribute is left unbound for that item, and a model
 trained with label dropout gives its unconditional energy there."""
@@ -266,17 +269,17 @@ def value_index(attributes: Mapping[str, Sequence[str]], attr: str, value: str |
     """The index of ``value`` (a value name or an index) of attribute ``attr``; a ``ValueError`` lists
     the valid attributes or values otherwise."""
     if attr not in attributes:
-        raise ValueError(f"no attribute {attr!r}; valid attributes: {sorted(attributes)}")
+        raise InvalidInputError(f"no attribute {attr!r}; valid attributes: {sorted(attributes)}")
     names = list(attributes[attr])
     if isinstance(value, str):
         if value not in names:
-            raise ValueError(f"attribute {attr!r} has no value {value!r}; valid values: {names}")
+            raise InvalidInputError(f"attribute {attr!r} has no value {value!r}; valid values: {names}")
         return names.index(value)
     if isinstance(value, int) and not isinstance(value, bool):
         if not 0 <= value < len(names):
-            raise ValueError(f"attribute {attr!r} index {value} is out of range; valid values: {names}")
+            raise InvalidInputError(f"attribute {attr!r} index {value} is out of range; valid values: {names}")
         return value
-    raise ValueError(f"value of {attr!r} must be a value name or an index, got {value!r}; valid values: {names}")
+    raise InvalidInputError(f"value of {attr!r} must be a value name or an index, got {value!r}; valid values: {names}")
 
 
 def _check_compatible(parts: Sequence[Energy]) -> tuple[tuple[int, ...], tuple[float, float] | None]:
@@ -316,7 +319,8 @@ class WeightedSum(Energy):
 
     @classmethod
     def combine(cls, weighted: Sequence[tuple[float, Energy]]) -> WeightedSum:
-        """A flat weighted sum of the given ``(weight, energy)`` pairs."""
+        """A flat weighted sum of the given ``(weight, energy)`` pairs; a weight that overflows (``M * 2 * 2 ...``,
+        ``M / 1e-200 / 1e-200``) is one line naming it."""
         weights: list[float] = []
         terms: list[Energy] = []
         for w, e in weighted:
@@ -326,6 +330,10 @@ class WeightedSum(Energy):
             else:
                 weights.append(w)
                 terms.append(e)
+        big = [w for w in weights if not math.isfinite(w) or abs(w) > MAX_WEIGHT]
+        if big:
+            raise InvalidInputError(f"a weight of the composite reached {big[0]:g}; weights (temperatures' inverses"
+                                    f" included) must stay within +-{MAX_WEIGHT:g}")
         return cls(weights, terms)
 
     @property

@@ -30,6 +30,10 @@ class ModelNotFoundError(CebmError, FileNotFoundError):
     """A model name that is neither a folder, a bundled model nor a reachable (or cached) Hub repository."""
 
 
+class DataNotFoundError(CebmError, FileNotFoundError):
+    """A data folder, table or file a dataset names that is not there."""
+
+
 class NonFiniteError(CebmError, FloatingPointError):
     """Non-finite weights, energies or samples."""
 

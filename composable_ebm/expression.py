@@ -103,6 +103,12 @@ Node = ModelNode | Weighted | Temperature | Sum | Or | GuidedNode
 """A node of an expression's tree; parentheses leave no node of their own."""
 
 
+def quote(text: str, limit: int = 120) -> str:
+    """An expression as an error quotes it: whole when short, else its start and end, so the message's own words
+    (what was expected, where) survive a one-line report."""
+    return repr(text) if len(text) <= limit else f"{text[:limit // 2]!r} ... {text[-limit // 2:]!r} ({len(text):,} characters)"
+
+
 class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
@@ -123,7 +129,7 @@ class _Parser:
         if tok is None or (value is not None and tok[1] != value) or (kind is not None and tok[0] != kind):
             want = value or kind
             got = "the end" if tok is None else repr(tok[1])
-            raise InvalidInputError(f"in {self.text!r}: expected {want}, found {got}")
+            raise InvalidInputError(f"expected {want}, found {got} (token {self.i + 1}) in {quote(self.text)}")
         self.i += 1
         return tok[1]
 
@@ -134,7 +140,7 @@ class _Parser:
     def parse(self) -> Node:
         result = self.expr()
         if self.peek() is not None:
-            raise InvalidInputError(f"in {self.text!r}: unexpected {self.peek()[1]!r}")
+            raise InvalidInputError(f"unexpected {self.peek()[1]!r} (token {self.i + 1}) in {quote(self.text)}")
         return result
 
     def expr(self) -> Node:
@@ -159,7 +165,7 @@ class _Parser:
         if tok is not None and tok[0] == "number":
             weight = float(self.take())
             if weight == 0:
-                raise InvalidInputError(f"in {self.text!r}: a weight of 0 removes its term; leave the term out instead")
+                raise InvalidInputError(f"in {quote(self.text)}: a weight of 0 removes its term; leave the term out instead")
             self.take("*")
             self.enter()
             result: Node = Weighted(weight, self.product())
@@ -170,7 +176,7 @@ class _Parser:
             op = self.take()
             number = float(self.take(kind="number"))
             if number == 0:
-                raise InvalidInputError(f"in {self.text!r}: {op} 0 " + ("removes its term; leave the term out instead"
+                raise InvalidInputError(f"in {quote(self.text)}: {op} 0 " + ("removes its term; leave the term out instead"
                                         if op == "*" else "is no temperature; T must be > 0"))
             result = Weighted(number, result) if op == "*" else Temperature(number, result)
         return result
@@ -197,7 +203,7 @@ class _Parser:
             while True:
                 attr = self.take(kind="name")
                 if attr in dict(bindings):
-                    raise InvalidInputError(f"in {self.text!r}: {attr} is bound twice in [{attr}={dict(bindings)[attr]},"
+                    raise InvalidInputError(f"in {quote(self.text)}: {attr} is bound twice in [{attr}={dict(bindings)[attr]},"
                                             f" {attr}=...]; an attribute takes one value (for either, use |)")
                 self.take("=")
                 tok = self.peek()
@@ -227,7 +233,7 @@ def build(node: Node, load: Callable[[str], Energy], text: str = "") -> Energy:
         if name not in cache:
             loaded = load(name)
             if not isinstance(loaded, Energy):
-                raise InvalidInputError(f"in {text!r}: {name} is {a_type(loaded)}, not an energy;"
+                raise InvalidInputError(f"in {quote(text)}: {name} is {a_type(loaded)}, not an energy;"
                                         " only energy models compose")
             cache[name] = loaded
         return cache[name]
@@ -257,7 +263,7 @@ def build(node: Node, load: Callable[[str], Energy], text: str = "") -> Energy:
         try:
             return guided(inner, guidance_scale)
         except ValueError as err:
-            raise InvalidInputError(f"in {text!r}: {err}") from err
+            raise InvalidInputError(f"in {quote(text)}: {err}") from err
 
     return visit(node)
 

@@ -105,6 +105,10 @@ def hub_snapshot(repo: str, revision: str | None = None, refresh: bool = False, 
 
     revision = check_revision(revision) if revision is not None else None
     at = f"{repo}@{revision}" if revision else repo
+    cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
+    if cache.exists() and not cache.is_dir():
+        where = "cache_dir" if cache_dir is not None else "HF_HUB_CACHE (or HF_HOME)"
+        raise InvalidInputError(f"the Hub cache {cache} is a file, not a folder; set {where} to a folder")
     if not refresh:
         try:  # the cache only: refs/<revision> -> snapshots/<commit>, no network
             return Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=list(MODEL_FILES),
@@ -397,7 +401,16 @@ def upload_folder(folder: str | Path, repo_id: str, revision: str | None = None,
             raise _unreachable(f"pushing {folder} to {repo_id}:", err, timeout) from err
         except httpx.HTTPError as err:
             raise _unreachable(f"pushing {folder} to {repo_id}:", err, timeout) from err
+        except ValueError as err:  # an answer that is not the Hub's JSON (an HTML page of a proxy or a wrong host)
+            raise HubUnavailableError(f"pushing {folder} to {repo_id}: {_endpoint()} answered something that is not"
+                                      " the Hub's JSON (a web page?); check HF_ENDPOINT and any proxy") from err
     return str(info)
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
 
 
 def _unreachable(prefix: str, err: BaseException, timeout: float) -> HubUnavailableError:

@@ -41,8 +41,13 @@ def image_grid(images: Tensor, nrow: int | None = None, padding: int = 2, scale:
     Every image is upscaled ``scale`` times with nearest neighbour, so each pixel stays a crisp block
     (default: `default_scale`, a 16-pixel image shown 64 pixels wide); ``scale=1`` keeps the size.
     """
-    if images.ndim != 4:
-        raise ValueError(f"expected a batch of images (B, C, H, W), got shape {tuple(images.shape)}")
+    if images.ndim != 4 or images.shape[0] == 0 or images.shape[1] not in (1, 3):
+        raise InvalidInputError(f"expected a batch of one or more grey or RGB images (B, 1 or 3, H, W), got shape"
+                                f" {tuple(images.shape)}")
+    if not bool(torch.isfinite(images).all()):
+        raise InvalidInputError("the images hold NaN or infinite values; a grid of them would be drawn wrong")
+    if nrow is not None and (isinstance(nrow, bool) or not isinstance(nrow, int) or nrow < 1):
+        raise InvalidInputError(f"nrow must be a whole number >= 1 (images per row), got {nrow!r}")
     scale = default_scale(images.shape[-1]) if scale is None else scale
     if isinstance(scale, bool) or not isinstance(scale, int) or not 1 <= scale <= 64:
         raise InvalidInputError(f"scale must be a whole number from 1 to 64, got {scale!r}")

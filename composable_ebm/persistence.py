@@ -117,6 +117,49 @@ def _model_type(model: nn.Module) -> str:
     return name
 
 
+INPUT_KEY = "composable_ebm.input"
+"""The weights file's metadata key recording what the weights were trained to see: the input shape and the input
+transforms. A config.json edited to disagree (another image size, a transform removed) is refused on load."""
+
+
+def _input_record(model: nn.Module) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    if isinstance(model, Energy):
+        record["input_shape"] = list(model.input_shape)
+    transforms = getattr(getattr(model, "config", None), "input_transforms", None)
+    if transforms is not None:
+        record["input_transforms"] = list(transforms)
+    return record
+
+
+def weights_metadata(model: nn.Module) -> dict[str, str]:
+    """The metadata ``model.safetensors`` carries beside the tensors: `INPUT_KEY` alone (``{"format": "pt"}`` for a
+    model without an input record). One key, because safetensors writes several in a random order, and the same
+    weights should give the same bytes."""
+    record = _input_record(model)
+    return {INPUT_KEY: json.dumps(record)} if record else {"format": "pt"}
+
+
+def _check_input_record(path: Path, model: nn.Module) -> None:
+    """Refuse a config that describes another input than the weights were saved for (when they say)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            text = (f.metadata() or {}).get(INPUT_KEY)
+    except (SafetensorError, OSError) as err:
+        raise ModelFileError(f"{path}: not a readable safetensors file ({err})") from err
+    if text is None:
+        return
+    try:
+        saved = json.loads(text)
+    except ValueError as err:
+        raise ModelFileError(f"{path}: its {INPUT_KEY} metadata is not JSON") from err
+    now = _input_record(model)
+    for key in sorted(set(saved) & set(now)):
+        if saved[key] != now[key]:
+            raise ModelFileError(f"{path.parent / CONFIG_NAME} describes {key} {now[key]}, but {path.name} was saved"
+                                 f" for {saved[key]}; the config was edited: restore it")
+
+
 def model_payload(model: nn.Module) -> dict[str, Any]:
     """What ``config.json`` holds for ``model``: its type, config, version and (energies) sampling defaults."""
     payload: dict[str, Any] = {
@@ -162,7 +205,7 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.new-{os.getpid()}-"))
     try:
         os.chmod(staging, shared_mode(directory=True))
-        save_file(state, staging / WEIGHTS_NAME, metadata={"format": "pt"})
+        save_file(state, staging / WEIGHTS_NAME, metadata=weights_metadata(model))
         (staging / CONFIG_NAME).write_text(json.dumps(payload, indent=2) + "\n")
         if card is not None:
             (staging / CARD_NAME).write_text(card)
@@ -304,6 +347,17 @@ def load_model(source: str | Path, device: torch.device | str = "cpu", revision:
     """
     folder = resolve_source(source, revision, refresh or force_download, local_files_only=local_files_only,
                             token=token, cache_dir=cache_dir)
+    try:
+        return _load_folder(folder, device)
+    except (ModelFileError, NonFiniteError) as err:
+        if not isinstance(source, Path) and is_repo_id(split_revision(str(source), revision)[0]) and \
+                not looks_local(str(source)):  # a damaged cached download: say how to fetch it again
+            raise type(err)(f"{err} (a cached download: --refresh, or refresh=True, downloads it again)") from err
+        raise
+
+
+def _load_folder(folder: Path, device: torch.device | str) -> nn.Module:
+    """Load a resolved model folder, checking everything before the network is built."""
     payload = read_config(folder)
     model_cls = model_class(payload["model_type"])
     config, sampler = typed_configs(folder, payload)
@@ -317,6 +371,7 @@ def load_model(source: str | Path, device: torch.device | str = "cpu", revision:
         raise ModelFileError(f"{folder / CONFIG_NAME}: describes {count:,} weights; at most {MAX_PARAMETERS:,} are loaded")
     weights = folder / WEIGHTS_NAME
     _check_weights(weights, skeleton)
+    _check_input_record(weights, skeleton)
     try:
         state = load_file(weights)
     except (SafetensorError, OSError) as err:
@@ -327,6 +382,9 @@ def load_model(source: str | Path, device: torch.device | str = "cpu", revision:
     model = model_cls(config)
     model.load_state_dict(state, strict=True)
     model = model.to(device).eval()
+    card = folder / CARD_NAME
+    if card.is_file() and not card.is_symlink() and card.stat().st_size <= MAX_CONFIG_BYTES:
+        model.card = card.read_text(encoding="utf-8", errors="replace")  # a push keeps it (license, results)
     if isinstance(model, Energy):
         model.sampling_defaults = sampler
         _probe(model, weights)
@@ -379,12 +437,18 @@ def resolve_source(source: str | Path, revision: str | None = None, refresh: boo
     if not isinstance(source, Path):
         text, revision = split_revision(text, revision)
     if isinstance(source, Path) or looks_local(text):
+        if revision is not None:
+            raise InvalidInputError(f"{text} is a local folder, which has no revisions (got {revision!r}); revisions"
+                                    " name Hub models, org/name@revision")
         path = Path(text).expanduser()
         recover_folder(path)  # a save that died between its renames leaves the old folder beside
         if not path.is_dir():
             raise ModelNotFoundError(f"no model folder at {path}")
         return path
     if text in bundled_models():
+        if revision is not None:
+            raise InvalidInputError(f"{text} is a bundled model, which has one version (got revision {revision!r});"
+                                    " revisions name Hub models, org/name@revision")
         return BUNDLED_DIR / text
     if is_repo_id(text):
         return hub_snapshot(text, revision, refresh, local_files_only, token, cache_dir)
@@ -413,7 +477,8 @@ def push_to_hub(model: nn.Module, repo_id: str, revision: str | None = None, pri
     """
     with tempfile.TemporaryDirectory() as tmp:
         at = f"{repo_id}@{revision}" if revision and revision != "main" else repo_id
-        card = card if card is not None else model_card(model, repo_id=at)
+        if card is None:  # the card the model was loaded with, every field kept (its usage line is rewritten)
+            card = getattr(model, "card", None) or model_card(model, repo_id=at)
         folder = save_model(model, Path(tmp) / "model", card=card)
         return push_folder(folder, repo_id, revision, private, token, commit_message)
 
@@ -429,10 +494,14 @@ class Pretrained:
     """
 
     sampling_defaults: SamplingDefaults | None = None
+    card: str | None = None  # the README.md it was loaded with, which a push keeps
 
     def save_pretrained(self, folder: str | Path, card: str | None = None) -> Path:
-        """Save as ``config.json`` + ``model.safetensors`` with a model card (default: a generated one)."""
-        return save_model(self, folder, card=card if card is not None else model_card(self, location=str(folder)))
+        """Save as ``config.json`` + ``model.safetensors`` with a model card (default: the card it was loaded with,
+        else a generated one)."""
+        if card is None:
+            card = self.card or model_card(self, location=str(folder))
+        return save_model(self, folder, card=card)
 
     def push_to_hub(self, repo_id: str, revision: str | None = None, private: bool = False,
                     token: str | None = None, commit_message: str | None = None) -> str:
@@ -442,15 +511,30 @@ class Pretrained:
 
     @classmethod
     def from_pretrained(cls: type[P], name_or_path: str | Path, revision: str | None = None,
-                        device: torch.device | str = "cpu", *, token: str | bool | None = None,
+                        device: torch.device | str | None = None, *, token: str | bool | None = None,
                         cache_dir: str | Path | None = None, force_download: bool = False,
-                        local_files_only: bool = False) -> P:
+                        local_files_only: bool = False, map_location: torch.device | str | None = None,
+                        subfolder: str | None = None, **unsupported: Any) -> P:
         """Load a saved model of this class: a folder, a bundled name or ``org/name[@revision]``.
 
-        ``token``, ``cache_dir``, ``force_download`` and ``local_files_only`` mean what they mean in
-        huggingface_hub's ``from_pretrained`` (see `load_model`)."""
-        model = load_model(name_or_path, device=device, revision=revision, token=token, cache_dir=cache_dir,
-                           force_download=force_download, local_files_only=local_files_only)
+        ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``map_location`` (the device, as
+        ``device``) and ``subfolder`` (of a local folder) mean what they mean in huggingface_hub's
+        ``ModelHubMixin.from_pretrained`` (see `load_model`); any other keyword (``proxies``, say) is one line
+        naming the ones taken."""
+        if unsupported:
+            names = ", ".join(sorted(unsupported))
+            advice = " (set HTTPS_PROXY in the environment instead)" if "proxies" in unsupported else ""
+            raise InvalidInputError(f"from_pretrained takes no {names}{advice}; it takes revision, device or"
+                                    " map_location, token, cache_dir, force_download, local_files_only, subfolder")
+        if device is not None and map_location is not None and torch.device(device) != torch.device(map_location):
+            raise InvalidInputError(f"device={device!r} and map_location={map_location!r} disagree; give one")
+        if subfolder:
+            if is_repo_id(str(name_or_path)) and not looks_local(str(name_or_path)):
+                raise InvalidInputError(f"subfolder={subfolder!r}: a Hub model here is the repository's root files"
+                                        " (config.json, model.safetensors); download the repository and load the folder")
+            name_or_path = Path(name_or_path) / subfolder
+        model = load_model(name_or_path, device=device or map_location or "cpu", revision=revision, token=token,
+                           cache_dir=cache_dir, force_download=force_download, local_files_only=local_files_only)
         if not isinstance(model, cls):
             raise TypeError(f"{name_or_path} holds a {type(model).__name__}, not a {cls.__name__}")
         return model

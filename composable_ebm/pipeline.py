@@ -47,8 +47,11 @@ def model_defaults(energy: Energy) -> SamplingDefaults | None:
     return defaults if isinstance(defaults, SamplingDefaults) else None
 
 
-def guidance_scale(term: Conditioned) -> float:
-    """The guidance scale of a conditioned model's term: its model's own, 1 without defaults."""
+def guidance_scale(term: Energy) -> float:
+    """The guidance scale of a conditioned model's term: its model's own, 1 without defaults (or for a term that is
+    no conditioned model, which `Guided` then refuses by name)."""
+    if not isinstance(term, Conditioned):
+        return 1.0
     defaults = model_defaults(term.base)
     return defaults.guidance_scale if defaults is not None else 1.0
 

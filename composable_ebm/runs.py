@@ -214,6 +214,8 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                 say(f"moved the previous run's {', '.join(moved[1])} to {aside}")
                 if trainer.log is not None:
                     trainer.log = type(trainer.log)(out)  # a fresh log (and TensorBoard writer) in the emptied folder
+        if resume and (out / "checkpoint.pt").is_file():
+            _check_recipe_unchanged(out / NETWORK_FILE, model, spec, allow_config_change, say)
         if resume and trainer.resume(allow_config_change=allow_config_change):
             resumed_from = trainer.step
             say(f"resumed from step {trainer.step}" + ("" if trainer.resumed_exactly else
@@ -226,7 +228,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                                                           if init_changes else ""))
         total = steps if steps is not None else spec.trainer.steps
         if trainer.rank == 0:
-            _write_network(model, out / NETWORK_FILE)
+            _write_network(model, out / NETWORK_FILE, spec)
             if trainer.step < total:
                 per_step, size = estimate(trainer)
                 left = (total - trainer.step) * per_step
@@ -270,15 +272,51 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         trainer.close()
 
 
-def _write_network(model: Any, path: Path) -> None:
-    """The run's network and sampling defaults, as a model folder's ``config.json`` holds them."""
+def _write_network(model: Any, path: Path, spec: Any) -> None:
+    """The run's network and sampling defaults, as a model folder's ``config.json`` holds them, with the recipe's
+    data settings under ``extra`` (a resume compares both with the recipe's)."""
     import json
 
     from composable_ebm.atomic import write_atomic
     from composable_ebm.persistence import model_payload
 
-    text = json.dumps(model_payload(model), indent=2)
+    text = json.dumps({**model_payload(model), "extra": {"data": _data_settings(spec)}}, indent=2)
     write_atomic(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def _data_settings(spec: Any) -> dict[str, Any]:
+    from composable_ebm.configs import config_to_dict
+
+    return {"dataset": spec.data.name, **config_to_dict(spec.data)}
+
+
+def _check_recipe_unchanged(path: Path, model: Any, spec: Any, allow: bool, say: Callable[[str], None]) -> None:
+    """Refuse to resume a run whose recipe's ``[model]`` or ``[data]`` settings changed since it started (the
+    checkpoint compares ``[trainer]`` itself), unless ``allow``: then the changes are said."""
+    import json
+
+    from composable_ebm.configs import config_to_dict
+    from composable_ebm.training.config import config_differences
+
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text())
+        before = {"model": saved["config"], "data": saved.get("extra", {}).get("data")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise InvalidInputError(f"{path}: unreadable ({err}); it records the run's network and data") from err
+    now = {"model": config_to_dict(model.config), "data": _data_settings(spec)}
+    if before["data"] is None:
+        now.pop("data"), before.pop("data")
+    changed = config_differences(before, now)
+    if not changed:
+        return
+    keys = ", ".join(f"{k} ({old!r} -> {new!r})" for k, (old, new) in sorted(changed.items()))
+    if not allow:
+        raise InvalidInputError(f"the run in {path.parent} was started with other [model] or [data] settings: {keys};"
+                                " resume with the same recipe, start fresh (--no-resume --overwrite keeps the old files"
+                                " aside), or allow the change explicitly (--allow-config-change)")
+    say(f"resuming with changed settings (--allow-config-change): {keys}")
 
 
 def checkpoint_model(run: str | Path, recipe: str | Path | None = None, device: torch.device | str = "cpu") -> Any:

@@ -95,6 +95,8 @@ class HubServer:
                 hub.requests.append(f"POST {path}")
                 hub.auth.append(self.headers.get("Authorization"))
                 body = self._body()
+                if self._answer_scripted("POST", path):
+                    return None
                 if path == "/api/repos/create":
                     req = json.loads(body)
                     repo_id = f"{req['organization']}/{req['name']}" if req.get("organization") else req["name"]
@@ -136,11 +138,9 @@ class HubServer:
             def do_HEAD(self) -> None:
                 self.do_GET(head=True)
 
-            def do_GET(self, head: bool = False) -> None:
-                path = unquote(urlparse(self.path).path)
-                hub.requests.append(f"{'HEAD' if head else 'GET'} {path}")
-                hub.auth.append(self.headers.get("Authorization"))
-                scripted = hub.script("HEAD" if head else "GET", path) if hub.script else None
+            def _answer_scripted(self, method: str, path: str, head: bool = False) -> bool:
+                """Send the test's scripted answer to this request, if it scripted one."""
+                scripted = hub.script(method, path) if hub.script else None
                 if scripted is not None:
                     status, headers, chunks = scripted
                     self.send_response(status)
@@ -157,6 +157,14 @@ class HubServer:
                     except OSError:  # the client gave up: what the test wants
                         pass
                     self.close_connection = True
+                    return True
+                return False
+
+            def do_GET(self, head: bool = False) -> None:
+                path = unquote(urlparse(self.path).path)
+                hub.requests.append(f"{'HEAD' if head else 'GET'} {path}")
+                hub.auth.append(self.headers.get("Authorization"))
+                if self._answer_scripted("HEAD" if head else "GET", path, head):
                     return None
                 m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/(.+))?", path)
                 if m:

@@ -275,3 +275,56 @@ def test_a_checkpoint_whose_python_rng_state_is_out_of_range_is_one_line(tmp_pat
     with pytest.raises(ModelFileError, match=r"rng\.python is not a state") as err:
         trainer.resume()
     assert "\n" not in str(err.value)
+
+
+def test_folder_tables_and_studio_requests_load_or_raise_the_librarys_error(tmp_path, capsys):
+    """Attribute tables as a user or a stranger might write them (rows outside the folder, duplicated columns and
+    files, words and numbers, damaged images) and studio requests as any page might send them: each a one-line
+    CebmError or a clean result, nothing read outside the folder."""
+    from PIL import Image
+
+    from composable_ebm import studio
+    from composable_ebm.data import attribute_folder
+
+    rng = random.Random(11)
+    outcomes: Counter = Counter()
+    root = tmp_path / "faces"
+    root.mkdir()
+    for i in range(4):
+        Image.new("RGB" if i % 2 else "L", (16, 16), 90 * i).save(root / f"{i}.png")
+    (root / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 20)
+    outside = tmp_path / "secret.png"
+    Image.new("RGB", (16, 16)).save(outside)
+    names = ["0.png", "1.png", "2.png", "3.png", "broken.png", "../secret.png", str(outside), "missing.png",
+             "sub/../0.png", "0.png"]
+    values = ["1", "-1", "0", "yes", "red", "7", "--1", "1.5", "x" * 50]
+    for i in range(120):
+        columns = rng.sample(["Smiling", "Hat", "hair", "Smiling", "-Hat", "digit"], rng.randint(1, 3))
+        pick = lambda pool, good: rng.choice(good if rng.random() < 0.85 else pool)  # noqa: E731 - mostly valid
+        rows = [(pick(names, names[:4]), [pick(values, values[:2]) for _ in columns]) for _ in range(rng.randint(0, 4))]
+        if len({n for n, _ in rows}) < len(rows):  # a repeated file is its own case, not the usual one
+            rows = rows[:1] if rng.random() < 0.7 else rows
+        count = len(rows) if rng.random() < 0.8 else len(rows) + 1
+        table = root / "list_attr_celeba.txt"
+        table.write_text("\n".join([str(count), " ".join(columns), *(f"{n} {' '.join(v)}" for n, v in rows)]) + "\n")
+        holdout = rng.choice([(), (), ({"Smiling": "yes"},), ({"nope": "1"},)])
+        _expect_clean(lambda: attribute_folder(root, image_size=rng.choice([8, 16, 16, 128]), holdout=holdout),
+                      outcomes, "folder table")
+    models = studio.ModelCache("cpu")
+    expressions = ["shapes-color[color=red]", "shapes-color[color=red] - shapes-color[color=red]", "", "((((",
+                   "shapes-color[color=purple]", "guided(shapes-color)", "1e308*shapes-color[color=red]"]
+    fields = [None, "", "0", "-1", "1e9", "abc", "3", 2**70, float("nan"), 16, 65, True]
+    for i in range(40):
+        expression = rng.choice(expressions)
+        valid = rng.random() < 0.3  # some requests the studio serves, most it refuses
+        _expect_clean(lambda: studio.generate(models, expression if not valid else expressions[0],
+                                              n=rng.choice(fields) if not valid else 2,
+                                              seed=rng.choice(fields) if not valid else i,
+                                              steps=rng.choice(["", "1", "0", "1048576", "x"]) if not valid else "1",
+                                              step_size=rng.choice(["", "1", "-1", "nan"]) if not valid else "",
+                                              out_dir=tmp_path),
+                      outcomes, "studio request")
+    assert outcomes["folder table: loaded"] > 0 and outcomes["folder table: InvalidInputError"] > 0
+    assert outcomes["studio request: loaded"] > 0 and outcomes["studio request: InvalidInputError"] > 0
+    with capsys.disabled():
+        print("\nfuzz (folder tables, studio requests): " + "; ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))

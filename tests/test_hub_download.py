@@ -187,3 +187,40 @@ def test_from_pretrained_takes_huggingface_hubs_arguments(hub, tmp_path):
     assert len(hub.requests) == asked
     hub.repos["someorg/toy"]._commit(_files(tmp_path, "v2"), "main")
     assert MLPEnergy.from_pretrained("someorg/toy", cache_dir=other, force_download=True).name == "v2"
+
+
+def test_a_loaded_models_push_keeps_every_field_of_its_card(hub, monkeypatch):
+    """`cebm.load("shapes-color").push_to_hub("me/x")` sends the bundled card: its license and model-index too,
+    with the usage line loading from the new repository."""
+    import composable_ebm as cebm
+
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    cebm.load("shapes-color").push_to_hub("me/x")
+    files = hub.repos["me/x"].commits[hub.repos["me/x"].branches["main"]]
+    card = files["README.md"].decode()
+    assert "license: mit" in card and "model-index:" in card
+    assert 'cebm.load("me/x")' in card
+
+
+def test_from_pretrained_takes_map_location_and_subfolder_and_names_what_it_does_not_take(hub, tmp_path):
+    from composable_ebm import MLPConfig, MLPEnergy
+    from composable_ebm.errors import InvalidInputError
+
+    save_model(MLPEnergy(MLPConfig(name="inner", hidden=8, depth=1)), tmp_path / "repo" / "energy")
+    assert MLPEnergy.from_pretrained(tmp_path / "repo", subfolder="energy", map_location="cpu").name == "inner"
+    with pytest.raises(InvalidInputError, match="takes no proxies .*HTTPS_PROXY"):
+        MLPEnergy.from_pretrained("someorg/toy", proxies={"https": "http://proxy:1"})
+    with pytest.raises(InvalidInputError, match="disagree"):
+        MLPEnergy.from_pretrained("someorg/toy", device="cpu", map_location="meta")
+    with pytest.raises(InvalidInputError, match="subfolder='x'"):
+        MLPEnergy.from_pretrained("someorg/toy", subfolder="x")
+    assert hub.requests == []
+
+
+def test_a_push_to_a_server_answering_html_is_one_line_naming_the_endpoint(hub, tmp_path, monkeypatch):
+    folder = save_model(MLPEnergy(MLPConfig(name="toy", hidden=8, depth=1)), tmp_path / "m")
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    body = b"<html><body>Sign in</body></html>"
+    hub.script = lambda method, path: (200, {"Content-Type": "text/html", "Content-Length": str(len(body))}, [body])
+    with pytest.raises(HubUnavailableError, match="not the Hub's JSON.*HF_ENDPOINT"):
+        push_folder(folder, "someorg/new")

@@ -157,3 +157,19 @@ def test_training_into_a_log_file_writes_no_carriage_returns(tmp_path):
     text = log.read_text()
     assert proc.returncode == 0, text
     assert "\r" not in text and "trained 2 steps" in text
+
+
+def test_resuming_after_the_recipes_data_or_model_changed_is_refused_unless_allowed(tmp_path):
+    make_faces(tmp_path / "faces")
+    recipe = recipe_for(tmp_path, "hair", "hair", "hair")
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "1", "--no-progress"]).exit_code == 0
+    recipe.write_text(recipe.read_text().replace("size = 16", "size = 16\nlimit = 40"))
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "2", "--no-progress"])
+    assert result.exit_code == 2 and "data.limit (0 -> 40)" in result.output and "--allow-config-change" in result.output
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "2", "--no-progress",
+                                 "--allow-config-change"])
+    assert result.exit_code == 0 and "resuming with changed settings" in result.output
+    recipe.write_text(recipe.read_text().replace("stem_channels = 32", "stem_channels = 16"))
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "3", "--no-progress"])
+    assert result.exit_code == 2 and "model.stem_channels (32 -> 16)" in result.output

@@ -119,9 +119,9 @@ def test_an_energy_samples_in_a_fresh_process_through_any_public_door():
     import subprocess
     import sys
 
-    for code in ("import composable_ebm as c, torch; print(c.GaussianEnergy(torch.zeros(2), torch.eye(2)).sample(3).shape)",
+    for code in ("import composable_ebm as c, torch; print(c.GaussianEnergy(torch.zeros(2), torch.eye(2)).sample(3, step_size=0.1).shape)",
                  "from composable_ebm.analytic import GaussianEnergy; import torch;"
-                 " print(GaussianEnergy(torch.zeros(2), torch.eye(2)).sample(3).shape)",
+                 " print(GaussianEnergy(torch.zeros(2), torch.eye(2)).sample(3, step_size=0.1).shape)",
                  "import composable_ebm as c; print(c.load('shapes-shape').condition(shape='circle').sample(1, steps=1).shape)"):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr

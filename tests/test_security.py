@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,26 @@ def test_one_studio_request_is_bounded_in_samples_steps_and_work():
     for empty in (None, ""):  # a cleared box is one line, not an internal error
         with pytest.raises(InvalidInputError):
             studio.generate(models, "shapes-color[color=red]", n=empty, seed=0)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda c: c.update(image_size=32), "describes input_shape [3, 32, 32], but model.safetensors was saved for [3, 16, 16]"),
+    (lambda c: c.update(image_size=4), "describes input_shape [3, 4, 4]"),
+    (lambda c: c.update(input_transforms=["channel-sort"]), "describes input_transforms ['channel-sort']"),
+])
+def test_a_config_edited_away_from_what_the_weights_were_saved_for_is_refused(tmp_path, edit, words):
+    """The weights record the input they were trained to see; a config.json that now says another image size, or
+    drops an input transform, would load and sample wrong: it is refused in one line."""
+    import json
+    import shutil
+
+    from composable_ebm.errors import ModelFileError
+    from composable_ebm.persistence import BUNDLED_DIR, load_model
+
+    folder = tmp_path / "color"
+    shutil.copytree(BUNDLED_DIR / "shapes-color", folder)
+    payload = json.loads((folder / "config.json").read_text())
+    edit(payload["config"])
+    (folder / "config.json").write_text(json.dumps(payload))
+    with pytest.raises(ModelFileError, match=re.escape(words)):
+        load_model(folder)

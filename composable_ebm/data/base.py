@@ -94,6 +94,11 @@ class DataConfig:
         """The data (all of its attributes); ``base`` is the folder relative paths are resolved from (the recipe's)."""
         raise NotImplementedError(f"{type(self).__name__} must implement build(base)")
 
+    def render(self, out: Path) -> Path:
+        """Write the data as a CelebA-format folder at ``out`` (``cebm data NAME --out DIR``), for a dataset that is
+        drawn rather than read; the others refuse in one line."""
+        raise InvalidInputError(f"the {self.name} dataset is read, not drawn: it has no folder to render")
+
     def describe(self, base: Path | None = None) -> tuple[dict[str, tuple[str, ...]], tuple[int, ...]]:
         """Every attribute's value names and one item's shape. A dataset that can say so without building its data
         (decoding no image) overrides this; by default the data is built."""

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from composable_ebm.configs import MAX_IMAGE_SIZE, check_size
 from composable_ebm.data.base import DataConfig, ImageDataset, combination_mask, dataset, resolve_root
-from composable_ebm.errors import InvalidInputError
+from composable_ebm.errors import DataNotFoundError, InvalidInputError
 from composable_ebm.images import bomb_message
 
 BINARY = ("no", "yes")
@@ -168,12 +168,12 @@ def attribute_folder(
     """
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"no image folder at {root}")
+        raise DataNotFoundError(f"no image folder at {root}")
     table_path = Path(attribute_file)
     if not table_path.is_absolute():
         table_path = root / table_path
     if not table_path.is_file():
-        raise FileNotFoundError(f"no attribute table at {table_path}")
+        raise DataNotFoundError(f"no attribute table at {table_path}")
     files, raw = read_attribute_table(table_path)
     labels, attributes = table_labels(raw, columns, str(table_path))
     keep = ~combination_mask(labels, attributes, holdout) if holdout else torch.ones(len(files), dtype=torch.bool)
@@ -190,7 +190,7 @@ def attribute_folder(
             raise InvalidInputError(f"{table_path} lists {files[i]!r}, which lies outside {root}; rows name files"
                                     " inside the image folder")
         if not path.is_file():
-            raise FileNotFoundError(f"{table_path} lists {files[i]!r}, but {path} is not a regular file")
+            raise DataNotFoundError(f"{table_path} lists {files[i]!r}, but {path} is not a regular file")
         paths.append(path)
     if channels is None:
         channels = 1 if all(image_mode(p) in GREY_MODES for p in paths) else 3

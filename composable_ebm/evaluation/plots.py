@@ -20,10 +20,21 @@ def plot_training_health(log: str | Path, out: str | Path, title: str | None = N
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
 
+    import math
+    from numbers import Real
+
+    from composable_ebm.errors import ModelFileError
+
     records = read_log(log)
     steps = [r for r in records if "e_diff" in r]
     if not steps:
         raise ValueError(f"{log} holds no training records yet")
+    for i, r in enumerate(steps):  # a record plotted is numbers: a string or a missing step is named, not drawn
+        bad = [k for k in ("step", "e_diff", "grad_norm_cd", "grad_norm_kl") if k in r and (
+            isinstance(r[k], bool) or not isinstance(r[k], Real) or not math.isfinite(r[k]))]
+        if "step" not in r or bad:
+            what = f"{bad[0]} is {r[bad[0]]!r}" if bad else "it has no step"
+            raise ModelFileError(f"{log}: a training record cannot be plotted ({what}); records hold numbers")
     faults = [r for r in records if r.get("event") == "fault"]
     x = [r["step"] for r in steps]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from composable_ebm.configs import config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError, NonFiniteError
 from composable_ebm.sampling.augment import augment
 from composable_ebm.sampling.transitions import (
@@ -87,7 +88,11 @@ def with_overrides(config: SamplerConfig, overrides: dict[str, Any]) -> SamplerC
     unknown = sorted(set(overrides) - valid)
     if unknown:
         raise InvalidInputError(f"unknown sampler setting(s) {unknown}; valid settings: {sorted(valid)}")
-    return dataclasses.replace(config, **overrides)
+    # through the config codec: every value type-checked as a recipe's would be (a table for augment becomes an
+    # AugmentConfig, a string for steps is one line), then range-checked by the config itself
+    plain = {k: (config_to_dict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v)
+             for k, v in overrides.items()}
+    return config_from_dict(SamplerConfig, {**config_to_dict(config), **plain})
 
 
 def initial_noise(energy: Energy, n: int, generator: torch.Generator, device: torch.device, init_scale: int = 1) -> Tensor:

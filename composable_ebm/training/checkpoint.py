@@ -51,6 +51,9 @@ def check_state(state: dict[str, Any], path: Path) -> None:
                 found = "missing" if value is KeyError else f"a {type(value).__name__}"
                 raise ModelFileError(f"{path}: {where}{key} is {found}, not a training-state part; the file is damaged"
                                      " or not a checkpoint of cebm train; start fresh with --no-resume")
+    if state["step"] < 0 or state["rollbacks"] < 0:
+        raise ModelFileError(f"{path}: step {state['step']} and rollbacks {state['rollbacks']} must be >= 0; the file is"
+                             " damaged; start fresh with --no-resume")
     py = state["rng"]["python"]
     words = py["internal"]  # Mersenne Twister: 624 32-bit words and a position in 0..624
     if py["version"] != 3 or len(words) != 625 or not all(

@@ -1,0 +1,148 @@
+"""Pixel-art faces drawn by DiceBear: the ``faces`` dataset, rendered here from a pinned npm package.
+
+DiceBear's pixel-art avatar style (``@dicebear/core`` and ``@dicebear/collection`` 9.4.3: code MIT, designs CC0 1.0)
+draws 16x16 faces from options; ``@resvg/resvg-js`` renders them to PNG. `render_faces` runs the renderer in
+``faces_renderer/`` (its ``package.json`` and ``package-lock.json`` pin every version; ``npm ci`` installs them into
+a cache folder once) and writes a CelebA-format folder: ``000000.png ...`` and ``list_attr_celeba.txt`` with four
+independent, balanced attributes:
+
+- ``smiling``: a happy or a sad mouth (13 and 10 designs), ``yes`` / ``no``;
+- ``glasses`` and ``hat``: present or absent (14 and 10 designs);
+- ``hair``: one of four colour groups, ``blond``, ``brown``, ``dark``, ``red``.
+
+Everything else (eyes, skin, clothing, accessories, beard, which mouth, glasses, hat and hairstyle) is DiceBear's
+own draw from each face's seed. The same ``n``, ``seed`` and ``size`` give the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from composable_ebm.configs import MAX_IMAGE_SIZE, check_size
+from composable_ebm.data.base import DataConfig, ImageDataset, dataset
+from composable_ebm.data.folder import attribute_folder
+from composable_ebm.errors import InvalidInputError, RunFailure
+
+RENDERER = Path(__file__).resolve().parent / "faces_renderer"
+"""The render script and its pinned npm packages (``package.json``, ``package-lock.json``)."""
+RENDERER_FILES = ("package.json", "package-lock.json", "render.mjs")
+FACES_ATTRIBUTES = {"smiling": ("no", "yes"), "glasses": ("no", "yes"), "hat": ("no", "yes"),
+                    "hair": ("blond", "brown", "dark", "red")}
+"""The attributes of a rendered faces folder, with their values as the folder reader names them."""
+GENERATOR = ("DiceBear pixel-art faces (@dicebear/core and @dicebear/collection 9.4.3; code MIT, designs CC0 1.0),"
+             " rendered with @resvg/resvg-js 2.6.2")
+"""What to say in cards and docs about where the faces come from."""
+NODE_LINE = ("rendering faces needs Node.js (18 or newer) and npm on the PATH: apt-get install nodejs npm, or see"
+             " nodejs.org")
+
+
+def cache_root() -> Path:
+    """Where the renderer's packages and rendered folders are kept: ``$CEBM_CACHE`` or ``~/.cache/composable_ebm``."""
+    return Path(os.environ.get("CEBM_CACHE") or Path.home() / ".cache" / "composable_ebm")
+
+
+def _renderer() -> Path:
+    """A copy of the renderer with its packages installed (``npm ci`` from the lockfile, once per lockfile)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        raise InvalidInputError(NODE_LINE)
+    digest = hashlib.sha256(b"".join((RENDERER / f).read_bytes() for f in RENDERER_FILES)).hexdigest()[:16]
+    home = cache_root() / f"faces-renderer-{digest}"
+    if (home / "node_modules" / ".package-lock.json").is_file():
+        return home
+    home.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=home.parent, prefix=f".{home.name}-"))
+    try:
+        for name in RENDERER_FILES:
+            shutil.copyfile(RENDERER / name, staging / name)
+        done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=staging,
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            tail = " ".join((done.stderr or done.stdout).split())[-300:]
+            raise RunFailure(f"npm ci of the faces renderer failed ({tail}); the npm registry must be reachable once")
+        if home.exists():  # another process installed it meanwhile
+            shutil.rmtree(staging)
+        else:
+            os.replace(staging, home)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return home
+
+
+def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16) -> Path:
+    """Render ``n`` faces into the folder ``out`` (written beside it and moved into place whole); returns it."""
+    for name, value, low, high in (("n", n, 1, 1 << 24), ("seed", seed, 0, 2**31 - 1), ("size", size, 8, 512)):
+        check_size("render_faces", name, value, low=low, high=high)
+    out = Path(out)
+    if out.exists():
+        raise InvalidInputError(f"{out} exists; render faces into a new folder (or remove it)")
+    home = _renderer()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    try:
+        done = subprocess.run([shutil.which("node") or "node", str(home / "render.mjs"), "--out", str(staging),
+                               "--n", str(n), "--seed", str(seed), "--size", str(size)],
+                              capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            raise RunFailure(f"rendering faces failed: {' '.join((done.stderr or done.stdout).split())[-300:]}")
+        os.replace(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def faces_folder(n: int, seed: int = 0, size: int = 16) -> Path:
+    """The rendered folder of ``n`` faces from ``seed`` at ``size``, rendered into the cache the first time."""
+    folder = cache_root() / f"faces-n{n}-seed{seed}-size{size}"
+    if not (folder / "list_attr_celeba.txt").is_file():
+        render_faces(folder, n, seed, size)
+    return folder
+
+
+def faces(n: int, seed: int = 0, size: int = 16, holdout: Sequence[Mapping[str, str]] = ()) -> ImageDataset:
+    """``n`` rendered faces with their four attributes, the ``holdout`` combinations left out."""
+    data = attribute_folder(faces_folder(n, seed, size), image_size=size, channels=3, holdout=holdout)
+    data.name = "faces"
+    return data
+
+
+@dataset("faces")
+@dataclass(frozen=True)
+class FacesData(DataConfig):
+    """Recipe settings of the faces dataset (``[data] dataset = "faces"``)."""
+
+    n: int = 20000
+    """number of faces rendered"""
+    seed: int = 0
+    """seed of the renders (attributes and every other option)"""
+    size: int = 16
+    """image side (the designs are 16x16)"""
+    holdout: tuple[dict[str, str], ...] = ()
+    """attribute combinations kept out of training, e.g. ``[{smiling = "yes", glasses = "yes", hat = "yes"}]``"""
+
+    def __post_init__(self) -> None:
+        check_size("FacesData", "n", self.n, high=1 << 24)
+        check_size("FacesData", "seed", self.seed, low=0, high=2**31 - 1)
+        check_size("FacesData", "size", self.size, low=8, high=min(512, MAX_IMAGE_SIZE))
+        from composable_ebm.data.base import check_holdout
+
+        check_holdout(self.holdout, FACES_ATTRIBUTES, "FacesData")
+
+    def build(self, base: Path | None = None) -> ImageDataset:
+        return faces(self.n, self.seed, self.size, self.holdout)
+
+    def render(self, out: Path) -> Path:
+        """Render the faces into ``out`` (every face: a held-out combination is a training choice, not the data's)."""
+        return render_faces(out, self.n, self.seed, self.size)
+
+    def describe(self, base: Path | None = None) -> tuple[dict[str, tuple[str, ...]], tuple[int, ...]]:
+        return dict(FACES_ATTRIBUTES), (3, self.size, self.size)
