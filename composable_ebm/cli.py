@@ -248,6 +248,28 @@ def export(
     typer.echo(f"wrote {export_run(run, out, recipe=recipe, license=license)}")
 
 
+@app.command("data")
+def data_command(
+    name: Annotated[str, typer.Argument(help="A dataset that is drawn, not read (faces, shapes ...).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (a new one).")],
+    n: Annotated[Optional[int], typer.Option("-n", "--n", min=1, max=1 << 24, help="Number of images.")] = None,
+    seed: Annotated[Optional[int], typer.Option(min=0, help="Seed of the draw.")] = None,
+    size: Annotated[Optional[int], typer.Option(min=4, help="Image side.")] = None,
+) -> None:
+    """Write a drawn dataset as an image folder with a CelebA-format attribute table (the folder dataset reads it).
+
+    \b
+    Example: cebm data faces --out data/faces --n 64 --seed 0
+    """
+    from composable_ebm.configs import config_from_dict
+    from composable_ebm.data import DATASETS
+
+    cls = DATASETS.get(name, "cebm data: ")
+    given = {k: v for k, v in {"n": n, "seed": seed, "size": size}.items() if v is not None}
+    config = config_from_dict(cls, given)
+    typer.echo(f"wrote {config.render(out)}")
+
+
 @app.command("train-classifier")
 def train_classifier_command(
     folder: Annotated[Path, typer.Argument(help="An image folder with a CelebA-format attribute table.")],

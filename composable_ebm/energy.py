@@ -78,6 +78,12 @@ class Energy(nn.Module):
                 " so that forward() keeps checking input and output shapes"
             )
 
+    def __getattr__(self, name: str) -> Any:
+        if name in ("save_pretrained", "push_to_hub"):  # only trained, registered models are saved
+            raise AttributeError(f"a {type(self).__name__} has no {name}: only a trained model (cebm.load, a network"
+                                 " class) is saved or pushed; save each model a composite is made of")
+        return super().__getattr__(name)
+
     # ------------------------------------------------------------------ contract
     @property
     def name(self) -> str:

@@ -26,6 +26,7 @@ Hub, which `composable_ebm.hub` (the layer below) finds in the local cache or do
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -36,8 +37,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load, save
 from torch import nn
 
 from composable_ebm._version import __version__
@@ -143,9 +144,8 @@ def weights_metadata(model: nn.Module) -> dict[str, str]:
 def _check_input_record(path: Path, model: nn.Module) -> None:
     """Refuse a config that describes another input than the weights were saved for (when they say)."""
     try:
-        with safe_open(str(path), "pt") as f:
-            text = (f.metadata() or {}).get(INPUT_KEY)
-    except (SafetensorError, OSError) as err:
+        text = read_safetensors_header(path)[1].get(INPUT_KEY)
+    except OSError as err:
         raise ModelFileError(f"{path}: not a readable safetensors file ({err})") from err
     if text is None:
         return
@@ -158,6 +158,11 @@ def _check_input_record(path: Path, model: nn.Module) -> None:
         if saved[key] != now[key]:
             raise ModelFileError(f"{path.parent / CONFIG_NAME} describes {key} {now[key]}, but {path.name} was saved"
                                  f" for {saved[key]}; the config was edited: restore it")
+
+
+def write_weights(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """Write a safetensors file from Python (so a folder name that is not UTF-8 works too)."""
+    path.write_bytes(save(state, metadata=metadata))
 
 
 def model_payload(model: nn.Module) -> dict[str, Any]:
@@ -205,7 +210,7 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.new-{os.getpid()}-"))
     try:
         os.chmod(staging, shared_mode(directory=True))
-        save_file(state, staging / WEIGHTS_NAME, metadata=weights_metadata(model))
+        write_weights(state, staging / WEIGHTS_NAME, weights_metadata(model))
         (staging / CONFIG_NAME).write_text(json.dumps(payload, indent=2) + "\n")
         if card is not None:
             (staging / CARD_NAME).write_text(card)
@@ -302,15 +307,61 @@ def typed_configs(folder: Path, payload: dict[str, Any],
     return config, sampler
 
 
+_ITEM_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4,
+               "I64": 8, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+MAX_HEADER_BYTES = 100_000_000
+"""Largest safetensors header read (the format's own bound)."""
+
+
+def read_safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict[str, str]]:
+    """The tensors' ``name -> (shape, dtype)`` and the metadata of a safetensors file, from its header alone, checked
+    as the format requires (offsets inside the file, sizes matching shapes). Read in Python, so a folder name that
+    is not UTF-8 opens too."""
+    def bad(why: str) -> ModelFileError:
+        return ModelFileError(f"{path}: not a readable safetensors file ({why})")
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise bad("shorter than its header's length")
+        n = int.from_bytes(raw, "little")
+        if n > min(size - 8, MAX_HEADER_BYTES):
+            raise bad(f"a header of {n:,} bytes in a file of {size:,}")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise bad(f"its header is not JSON: {err}") from err
+    if not isinstance(header, dict):
+        raise bad("its header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise bad("its metadata is not a table of strings")
+    data, tensors, spans = size - 8 - n, {}, []
+    for name, info in header.items():
+        ok = isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list)
+        shape, offsets = (info.get("shape"), info.get("data_offsets")) if ok else (None, None)
+        ok = ok and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape) and \
+            isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+        if not ok or info["dtype"] not in _ITEM_BYTES or not 0 <= offsets[0] <= offsets[1] <= data:
+            raise bad(f"tensor {name!r} is described wrongly")
+        if offsets[1] - offsets[0] != math.prod(shape) * _ITEM_BYTES[info["dtype"]]:
+            raise bad(f"tensor {name!r}'s bytes do not match its shape")
+        tensors[name] = (tuple(shape), info["dtype"])
+        spans.append(tuple(offsets))
+    spans.sort()
+    if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
+        raise bad("its tensors overlap")
+    return tensors, metadata
+
+
 def weights_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """Name -> (shape, dtype) of every tensor in a safetensors file, read from its header only."""
     if not path.is_file():
         raise ModelNotFoundError(f"{path.parent} has no {WEIGHTS_NAME}")
     try:
-        with safe_open(str(path), "pt") as f:
-            slices = {k: f.get_slice(k) for k in f.keys()}
-            return {k: (tuple(s.get_shape()), s.get_dtype()) for k, s in slices.items()}
-    except (SafetensorError, OSError) as err:
+        return read_safetensors_header(path)[0]
+    except OSError as err:
         raise ModelFileError(f"{path}: not a readable safetensors file ({err})") from err
 
 
@@ -373,7 +424,7 @@ def _load_folder(folder: Path, device: torch.device | str) -> nn.Module:
     _check_weights(weights, skeleton)
     _check_input_record(weights, skeleton)
     try:
-        state = load_file(weights)
+        state = load(weights.read_bytes())  # read in Python: a folder name that is not UTF-8 loads too
     except (SafetensorError, OSError) as err:
         raise ModelFileError(f"{weights}: not a readable safetensors file ({err})") from err
     bad = sorted(k for k, v in state.items() if not torch.isfinite(v).all())

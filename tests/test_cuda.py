@@ -59,7 +59,7 @@ def test_cli_compose_and_sample_on_cuda_in_bfloat16(tmp_path: Path):
     assert Image.open(grid).size[0] >= 2 * 64
     single = tmp_path / "one.png"
     result = runner.invoke(app, ["sample", "shapes-color", "-c", "color=blue", "-n", "4", "--device", "cuda",
-                                 "--method", "mala", "-o", str(single)])
+                                 "--method", "mala", "--noise", "exact", "--step-size", "0.00001", "-o", str(single)])
     assert result.exit_code == 0, result.output
     assert single.exists()
 

@@ -51,7 +51,7 @@ def test_failed_save_keeps_the_previous_model_files(tmp_path, monkeypatch):
         Path(filename).write_bytes(b"half a file")
         raise OSError("disk full")
 
-    monkeypatch.setattr("composable_ebm.persistence.save_file", crash_midway)
+    monkeypatch.setattr("composable_ebm.persistence.write_weights", crash_midway)
     with pytest.raises(OSError, match="disk full"):
         save_model(MLPEnergy(MLPConfig(name="v2", hidden=8, depth=1)), tmp_path / "m")
     assert {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir()} == before  # no temp files, nothing replaced

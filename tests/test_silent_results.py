@@ -127,3 +127,21 @@ def test_a_damaged_cached_download_says_how_to_fetch_it_again(tmp_path, monkeypa
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(CebmError, match=r"a cached download: --refresh"):
         cebm.load("someorg/toy")
+
+
+def test_a_model_folder_whose_name_is_not_utf8_loads_samples_and_saves(tmp_path):
+    import shutil
+
+    from composable_ebm.persistence import BUNDLED_DIR
+
+    name = tmp_path / b"m\xff".decode("utf-8", "surrogateescape")
+    shutil.copytree(BUNDLED_DIR / "shapes-shape", name)
+    model = cebm.load(name)
+    assert model.condition(shape="circle").sample(1, steps=1, seed=0).shape == (1, 3, 16, 16)
+    model.save_pretrained(tmp_path / b"n\xfe".decode("utf-8", "surrogateescape"))
+
+
+def test_a_composite_says_why_it_has_no_save_pretrained():
+    a = cebm.load("shapes-shape").condition(shape="circle")
+    with pytest.raises(AttributeError, match="only a trained model .* is saved or pushed"):
+        (a + a).save_pretrained("x")

@@ -110,7 +110,8 @@ def faces_folder(n: int, seed: int = 0, size: int = 16) -> Path:
 
 def faces(n: int, seed: int = 0, size: int = 16, holdout: Sequence[Mapping[str, str]] = ()) -> ImageDataset:
     """``n`` rendered faces with their four attributes, the ``holdout`` combinations left out."""
-    data = attribute_folder(faces_folder(n, seed, size), image_size=size, channels=3, holdout=holdout)
+    data = attribute_folder(faces_folder(n, seed, size), image_size=size, channels=3, holdout=holdout,
+                            values=FACES_ATTRIBUTES)
     data.name = "faces"
     return data
 

@@ -79,7 +79,8 @@ def column_values(values: Sequence[str]) -> tuple[str, ...]:
 
 
 def table_labels(files_columns: Mapping[str, Sequence[str]], columns: Mapping[str, str] | None,
-                 where: str) -> tuple[dict[str, Tensor], dict[str, tuple[str, ...]]]:
+                 where: str, declared: Mapping[str, Sequence[str]] | None = None
+                 ) -> tuple[dict[str, Tensor], dict[str, tuple[str, ...]]]:
     """Labels and value names of every column under its own name, and of ``columns`` (ours -> column, ``-Column``
     for a binary column negated) under ours."""
     chosen = {name: name for name in files_columns}
@@ -92,6 +93,11 @@ def table_labels(files_columns: Mapping[str, Sequence[str]], columns: Mapping[st
             raise InvalidInputError(f"{where}: no column {name!r}; columns: {sorted(files_columns)}")
         raw = files_columns[name]
         values = column_values(raw)
+        if declared is not None and ours in declared:  # the dataset names every value, seen here or not
+            values = tuple(declared[ours])
+            unknown = sorted(set(raw) - set(values) - ({"1", "-1"} if values == BINARY else set()))
+            if unknown:
+                raise InvalidInputError(f"{where}: column {name!r} holds {unknown[:3]}, not among {list(values)}")
         if negate and values != BINARY:
             raise InvalidInputError(f"{where}: {column!r} negates column {name!r}, which is not a 1/-1 column"
                                     f" (its values: {list(values)[:8]})")
@@ -153,6 +159,7 @@ def attribute_folder(
     channels: int | None = None,
     holdout: Sequence[Mapping[str, str]] = (),
     limit: int | None = None,
+    values: Mapping[str, Sequence[str]] | None = None,
 ) -> ImageDataset:
     """Images of a folder with a CelebA-format attribute table.
 
@@ -165,6 +172,8 @@ def attribute_folder(
         channels: 1 or 3; default: 1 when every image is grey, else 3.
         holdout: attribute combinations (ours -> value name) left out of the data.
         limit: read only the first ``limit`` rows.
+        values: the value names of some attributes, in order, where a dataset knows them all (a small folder may
+            not show every value); by default each column's values are the ones it holds.
     """
     root = Path(root)
     if not root.is_dir():
@@ -175,7 +184,7 @@ def attribute_folder(
     if not table_path.is_file():
         raise DataNotFoundError(f"no attribute table at {table_path}")
     files, raw = read_attribute_table(table_path)
-    labels, attributes = table_labels(raw, columns, str(table_path))
+    labels, attributes = table_labels(raw, columns, str(table_path), values)
     keep = ~combination_mask(labels, attributes, holdout) if holdout else torch.ones(len(files), dtype=torch.bool)
     if limit is not None:
         keep &= torch.arange(len(files)) < limit
