@@ -259,7 +259,7 @@ def data_command(
     """Write a drawn dataset as an image folder with a CelebA-format attribute table (the folder dataset reads it).
 
     \b
-    Example: cebm data faces --out data/faces --n 64 --seed 0
+    Example: cebm data faces --out data/rendered-faces --n 64 --seed 0
     """
     from composable_ebm.configs import config_from_dict
     from composable_ebm.data import DATASETS

@@ -109,7 +109,7 @@ class Plan:
 
 
 def plan(energy: Energy, form: str = "auto", config: SamplerConfig | None = None, **overrides: Any) -> Plan:
-    """The energy and settings `sample` would run for ``energy`` (for showing them, as ``cebm info`` does)."""
+    """The energy and settings `sample` would run for ``energy`` (the studio shows them beside the expression)."""
     if not isinstance(energy, Energy):
         raise InvalidInputError(f"can only sample an Energy, got {type(energy).__name__}")
     runs = composed(energy, form)
