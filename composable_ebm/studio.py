@@ -668,6 +668,10 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
             if parsed is None:
                 return [c, *[gr.update() for _ in slot_outputs], gr.update(), f, note_for(text, shown=False, form=f)]
             terms, parsed_form = parsed
+            try:  # a value the model does not have stays out of the controls: one line names the valid ones
+                models.energy(text)
+            except Exception as err:  # noqa: BLE001 - shown in the page as one line
+                return [c, *[gr.update() for _ in slot_outputs], gr.update(), f, error_line(err)]
             return [len(terms), *slot_updates(terms), gr.update(), parsed_form, note_for(text, form=parsed_form)]
 
         for event in (expression.submit, expression.blur):

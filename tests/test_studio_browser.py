@@ -170,3 +170,11 @@ def test_stop_ends_a_long_generation_and_the_page_stays_usable(page):
 
 def test_the_page_names_its_bounds(page):
     expect(page.locator("#bounds")).to_contain_text("at most 64 samples of at most 1000 steps")
+
+
+def test_a_typed_value_the_model_lacks_is_one_line_and_stays_out_of_the_controls(page):
+    expr = _expression(page)
+    expr.fill("shapes-color[color=purple] + shapes-shape[shape=circle]")
+    expr.press("Enter")
+    expect(page.locator("#expression-note")).to_contain_text("has no value 'purple'")
+    expect(page.locator("#term-0-values")).not_to_contain_text("purple")
