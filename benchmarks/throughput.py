@@ -1,0 +1,167 @@
+"""Throughput of the shipped recipes' networks: a training iteration and one sampling step, against the machine.
+
+For each recipe's network, each batch size and each device setting (the CPU with 1 and 2 threads; CUDA when
+present) it measures:
+
+- the time of one training iteration (`Trainer.train_step`: the recipe's chain, losses, optimiser and EMA) and of
+  one sampling step (the energy and its input gradient at a batch, as a Langevin step runs them);
+- the arithmetic rate of the sampling step (FLOPs counted by torch's ``FlopCounterMode``) against a dense float32
+  matrix product measured in the same run (the machine's limit for this work);
+- the share of a sampling step's wall time spent outside kernels: wall time minus the time the profiler attributes
+  to the operators' own work (CPU: the self time of every ``aten::`` operator; CUDA: the kernels' device time).
+
+    python -m benchmarks.throughput [--recipes shapes-shape ...] [--batches 24 64 128] [--threads 1 2] [--iters 3]
+
+The table goes into docs/benchmarks.md (section ``throughput``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks._report import write_section
+from composable_ebm.recipes import build_dataset, build_model, load_recipe
+from composable_ebm.training import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = {"shapes-shape": "shapes-shape.toml", "shapes-color": "shapes-color-palette.toml",
+           "shapes-size": "shapes-size.toml", "shapes-position": "shapes-position.toml"}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_gflops(device: torch.device, n: int = 2048, reps: int = 10) -> float:
+    """A dense float32 matrix product's rate on ``device`` (GFLOP/s): the limit the steps are read against."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    a @ b
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
+
+
+def _labels(model, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+    return {a: torch.zeros(batch, dtype=torch.long, device=device) for a in model.attributes}
+
+
+def step_flops(model, batch: int, device: torch.device) -> int:
+    """FLOPs of the energy and its input gradient at ``batch`` (backward with frozen parameters: the same kernels)."""
+    x = torch.rand(batch, *model.input_shape, device=device, requires_grad=True)
+    flags = [p.requires_grad for p in model.parameters()]
+    model.requires_grad_(False)
+    try:
+        with FlopCounterMode(display=False) as counter:
+            model(x, _labels(model, batch, device) or None).sum().backward()
+    finally:
+        for p, flag in zip(model.parameters(), flags):
+            p.requires_grad_(flag)
+    return counter.get_total_flops()
+
+
+def sampling_step(model, batch: int, device: torch.device, reps: int) -> tuple[float, float]:
+    """Seconds of one energy-and-gradient evaluation at ``batch``, and the share of it outside kernels."""
+    x = torch.rand(batch, *model.input_shape, device=device)
+    labels = _labels(model, batch, device) or None
+    model.energy_and_grad(x, labels)
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        model.energy_and_grad(x, labels)
+    _sync(device)
+    seconds = (time.perf_counter() - t) / reps
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        model.energy_and_grad(x, labels)
+        _sync(device)
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    if device.type == "cuda":
+        busy = sum(e.self_device_time_total for e in events) / 1e6
+    else:
+        busy = sum(e.self_cpu_time_total for e in events if e.key.startswith("aten::")) / 1e6
+    return seconds, max(0.0, 1.0 - busy / wall)
+
+
+def training_iteration(recipe, data, batch: int, device: torch.device, iters: int) -> float:
+    """Seconds of one `Trainer.train_step` of the recipe at ``batch`` (after one warm-up iteration)."""
+    spec = dataclasses.replace(recipe, trainer=dataclasses.replace(recipe.trainer, batch_size=batch))
+    model = build_model(spec, data)
+    trainer = Trainer(model, data, spec.trainer, device=device)
+    trainer.train_step()
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(iters):
+        trainer.train_step()
+    _sync(device)
+    return (time.perf_counter() - t) / iters
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipes", nargs="+", default=list(SHIPPED), choices=list(SHIPPED))
+    parser.add_argument("--batches", type=int, nargs="+", default=[24, 64, 128])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--iters", type=int, default=2, help="training iterations timed per cell")
+    parser.add_argument("--reps", type=int, default=10, help="sampling steps timed per cell")
+    parser.add_argument("--no-cuda", action="store_true")
+    args = parser.parse_args()
+    settings = [("cpu", t) for t in args.threads]
+    if torch.cuda.is_available() and not args.no_cuda:
+        settings.append(("cuda", None))
+    rows, peaks = [], {}
+    for name in args.recipes:
+        recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
+        data = build_dataset(dataclasses.replace(recipe.data, n=2000), recipe.folder)
+        for kind, threads in settings:
+            if threads is not None:
+                torch.set_num_threads(threads)
+            device = torch.device(kind)
+            where = f"{kind}, {threads} thread{'s' if threads != 1 else ''}" if threads else torch.cuda.get_device_name()
+            if where not in peaks:
+                peaks[where] = matmul_gflops(device)
+            model = build_model(recipe, data).to(device)
+            for batch in args.batches:
+                flops = step_flops(model, batch, device)
+                step, outside = sampling_step(model, batch, device, args.reps)
+                iteration = training_iteration(recipe, data, batch, device, args.iters)
+                rate = flops / step / 1e9
+                rows.append((name, where, batch, iteration, step * 1e3, rate, rate / peaks[where], outside))
+                print(rows[-1], flush=True)
+    lines = [
+        "## Throughput of the shipped recipes' networks",
+        "",
+        f"`python -m benchmarks.throughput --recipes {' '.join(args.recipes)} --batches"
+        f" {' '.join(map(str, args.batches))} --threads {' '.join(map(str, args.threads))} --iters {args.iters}`"
+        f" on torch {torch.__version__}. A training iteration is `Trainer.train_step` with the recipe's settings at"
+        " that batch (its 60-step chain, the losses, Adam and the EMA); a sampling step is one energy-and-input-"
+        "gradient evaluation. GFLOP/s is the sampling step's arithmetic (torch's FlopCounterMode) over its time; the"
+        " limit is a dense float32 2048 x 2048 matrix product in the same run"
+        f" ({', '.join(f'{k}: {v:.0f} GFLOP/s' for k, v in peaks.items())}). Outside kernels: the share of the"
+        " step's wall time that the profiler attributes to no operator's own work (Python, dispatch, autograd"
+        " bookkeeping, launches).",
+        "",
+        "| network | device | batch | s / training iteration | ms / sampling step | GFLOP/s | of the limit |"
+        " outside kernels |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *(f"| {n} | {w} | {b} | {it:.2f} | {ms:.1f} | {r:.1f} | {f:.0%} | {o:.0%} |"
+          for n, w, b, it, ms, r, f, o in rows),
+    ]
+    write_section("throughput", "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
