@@ -87,7 +87,11 @@ class Registry(Generic[T]):
         return sorted(names)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self.names()
+        if not isinstance(name, str):
+            return False
+        if name not in self._entries:
+            self._load()
+        return name in self._entries or name in self.names()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
