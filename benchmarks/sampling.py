@@ -39,13 +39,15 @@ def _sync(device: torch.device) -> None:
 
 def step_flops(model: ResNetEnergy, batch: int, device: torch.device) -> int:
     """FLOPs of the energy and its input gradient (the counter does not follow autograd.grad,
-    so this runs backward() with the parameters frozen, which computes the same kernels)."""
+    so this runs backward() with the parameters frozen, which computes the same kernels); a conditional
+    model runs under its first values."""
     x = torch.rand(batch, *model.input_shape, device=device, requires_grad=True)
+    labels = {a: torch.zeros(batch, dtype=torch.long, device=device) for a in model.attributes}
     flags = [p.requires_grad for p in model.parameters()]
     model.requires_grad_(False)
     try:
         with FlopCounterMode(display=False) as counter:
-            model(x).sum().backward()
+            model(x, labels or None).sum().backward()
     finally:
         for p, flag in zip(model.parameters(), flags):
             p.requires_grad_(flag)

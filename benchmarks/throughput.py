@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks._report import write_section
+from benchmarks.sampling import _sync, matmul_gflops, step_flops
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.training import Trainer
 
@@ -35,39 +35,8 @@ SHIPPED = {"shapes-shape": "shapes-shape.toml", "shapes-color": "shapes-color-pa
            "shapes-size": "shapes-size.toml", "shapes-position": "shapes-position.toml"}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def matmul_gflops(device: torch.device, n: int = 2048, reps: int = 10) -> float:
-    """A dense float32 matrix product's rate on ``device`` (GFLOP/s): the limit the steps are read against."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    a @ b
-    _sync(device)
-    t = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    _sync(device)
-    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
-
-
 def _labels(model, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
     return {a: torch.zeros(batch, dtype=torch.long, device=device) for a in model.attributes}
-
-
-def step_flops(model, batch: int, device: torch.device) -> int:
-    """FLOPs of the energy and its input gradient at ``batch`` (backward with frozen parameters: the same kernels)."""
-    x = torch.rand(batch, *model.input_shape, device=device, requires_grad=True)
-    flags = [p.requires_grad for p in model.parameters()]
-    model.requires_grad_(False)
-    try:
-        with FlopCounterMode(display=False) as counter:
-            model(x, _labels(model, batch, device) or None).sum().backward()
-    finally:
-        for p, flag in zip(model.parameters(), flags):
-            p.requires_grad_(flag)
-    return counter.get_total_flops()
 
 
 def sampling_step(model, batch: int, device: torch.device, reps: int) -> tuple[float, float]:

@@ -78,12 +78,6 @@ class Energy(nn.Module):
                 " so that forward() keeps checking input and output shapes"
             )
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ("save_pretrained", "push_to_hub"):  # only trained, registered models are saved
-            raise AttributeError(f"a {type(self).__name__} has no {name}: only a trained model (cebm.load, a network"
-                                 " class) is saved or pushed; save each model a composite is made of")
-        return super().__getattr__(name)
-
     # ------------------------------------------------------------------ contract
     @property
     def name(self) -> str:
@@ -304,11 +298,22 @@ def _check_compatible(parts: Sequence[Energy]) -> tuple[tuple[int, ...], tuple[f
     return first.input_shape, first.value_range
 
 
+class _Composite(Energy):
+    """An algebra node: made of other energies, never saved itself. Asked for ``save_pretrained`` or
+    ``push_to_hub``, it says why it has none (only these nodes pay for the lookup, not the networks' layers)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("save_pretrained", "push_to_hub"):
+            raise AttributeError(f"a {type(self).__name__} has no {name}: only a trained model (cebm.load, a network"
+                                 " class) is saved or pushed; save each model a composite is made of")
+        return super().__getattr__(name)
+
+
 def _format_weight(w: float) -> str:
     return repr(float(w))
 
 
-class WeightedSum(Energy):
+class WeightedSum(_Composite):
     """``sum_i w_i * E_i``: conjunction, weighting, negation and temperature in one node.
 
     Build it with the operators; `combine` flattens nested sums, so
@@ -376,7 +381,7 @@ class WeightedSum(Energy):
         return self.expression()
 
 
-class Disjunction(Energy):
+class Disjunction(_Composite):
     """``-logsumexp_i(-E_i)``: a mixture of the parts' unnormalised densities (``a | b``)."""
 
     def __init__(self, terms: Sequence[Energy]) -> None:
@@ -400,7 +405,7 @@ class Disjunction(Energy):
         return self.expression()
 
 
-class Conditioned(Energy):
+class Conditioned(_Composite):
     """A conditional energy with some attributes bound (``model.condition(attr=value)``)."""
 
     def __init__(self, base: Energy, bound: Mapping[str, int | Tensor]) -> None:
@@ -434,7 +439,7 @@ class Conditioned(Energy):
         return self.expression()
 
 
-class Guided(Energy):
+class Guided(_Composite):
     """Guided conjunction: ``E_0(x) + sum_i w_i (E_i(x | c_i) - E_i(x | 0))``.
 
     Each term is a conditioned model ``E_i(x | c_i)`` whose null condition ``E_i(x | 0)`` was trained

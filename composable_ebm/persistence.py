@@ -141,12 +141,10 @@ def weights_metadata(model: nn.Module) -> dict[str, str]:
     return {INPUT_KEY: json.dumps(record)} if record else {"format": "pt"}
 
 
-def _check_input_record(path: Path, model: nn.Module) -> None:
-    """Refuse a config that describes another input than the weights were saved for (when they say)."""
-    try:
-        text = read_safetensors_header(path)[1].get(INPUT_KEY)
-    except OSError as err:
-        raise ModelFileError(f"{path}: not a readable safetensors file ({err})") from err
+def _check_input_record(path: Path, model: nn.Module, metadata: dict[str, str]) -> None:
+    """Refuse a config that describes another input than the weights were saved for (when the weights file's
+    ``metadata`` says)."""
+    text = metadata.get(INPUT_KEY)
     if text is None:
         return
     try:
@@ -357,17 +355,20 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...]
 
 def weights_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """Name -> (shape, dtype) of every tensor in a safetensors file, read from its header only."""
+    return _weights_header_and_metadata(path)[0]
+
+
+def _weights_header_and_metadata(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict[str, str]]:
     if not path.is_file():
         raise ModelNotFoundError(f"{path.parent} has no {WEIGHTS_NAME}")
     try:
-        return read_safetensors_header(path)[0]
+        return read_safetensors_header(path)
     except OSError as err:
         raise ModelFileError(f"{path}: not a readable safetensors file ({err})") from err
 
 
-def _check_weights(path: Path, skeleton: nn.Module) -> None:
-    """Compare the file's header with the state of ``skeleton`` (a meta-device model)."""
-    header = weights_header(path)
+def _check_weights(path: Path, skeleton: nn.Module, header: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    """Compare the file's ``header`` with the state of ``skeleton`` (a meta-device model)."""
     expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
     missing = sorted(set(expected) - set(header))
     extra = sorted(set(header) - set(expected))
@@ -421,8 +422,9 @@ def _load_folder(folder: Path, device: torch.device | str) -> nn.Module:
     if count > MAX_PARAMETERS:
         raise ModelFileError(f"{folder / CONFIG_NAME}: describes {count:,} weights; at most {MAX_PARAMETERS:,} are loaded")
     weights = folder / WEIGHTS_NAME
-    _check_weights(weights, skeleton)
-    _check_input_record(weights, skeleton)
+    header, metadata = _weights_header_and_metadata(weights)  # read once, for both checks
+    _check_weights(weights, skeleton, header)
+    _check_input_record(weights, skeleton, metadata)
     try:
         state = load(weights.read_bytes())  # read in Python: a folder name that is not UTF-8 loads too
     except (SafetensorError, OSError) as err:

@@ -148,28 +148,34 @@ def build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
     The initial weights are drawn from ``trainer.seed`` (without touching the global RNG), so
     one recipe always starts from the same network.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(recipe.trainer.seed)
-        return _build_model(recipe, data)
+    if isinstance(data, ImageDataset):
+        return _seeded_model(recipe, dict(data.attributes), tuple(data.images.shape[1:]))
+    return _seeded_model(recipe, None, None)
 
 
 def build_model_from_shapes(recipe: Recipe) -> Energy:
     """The recipe's network with its input shape and attributes read from the data's description
     (`DataConfig.describe`: no images decoded), for reading a checkpoint."""
     attributes, shape = recipe.data.describe(recipe.folder)
+    return _seeded_model(recipe, {a: attributes[a] for a in recipe.data.attributes}, shape)
+
+
+def _seeded_model(recipe: Recipe, attributes: dict[str, tuple[str, ...]] | None,
+                  shape: tuple[int, ...] | None) -> Energy:
+    """The network, its weights drawn from ``trainer.seed`` in a forked RNG (the global one is left as it was)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.trainer.seed)
-        return _build_model(recipe, None, {a: attributes[a] for a in recipe.data.attributes}, shape)
+        return _build_model(recipe, attributes, shape)
 
 
-def _build_model(recipe: Recipe, data: ImageDataset | torch.Tensor | None,
-                 attributes: dict[str, tuple[str, ...]] | None = None, shape: tuple[int, ...] | None = None) -> Energy:
+def _build_model(recipe: Recipe, attributes: dict[str, tuple[str, ...]] | None,
+                 shape: tuple[int, ...] | None) -> Energy:
+    """The network with the config fields the data decides (where the config has them): attributes, the null
+    condition (label dropout), input channels and image size."""
     cls = NETWORKS.get(recipe.model_type)
     config = model_config(recipe.model_type, recipe.model)
     fields = {f.name for f in dataclasses.fields(config)}
     decided: dict[str, Any] = {}
-    if isinstance(data, ImageDataset):
-        attributes, shape = dict(data.attributes), tuple(data.images.shape[1:])
     if attributes is not None and shape is not None and len(shape) == 3:
         decided.update(attributes=dict(attributes), null_condition=bool(attributes) and recipe.trainer.label_dropout > 0,
                        in_channels=shape[0], image_size=shape[1])

@@ -116,9 +116,9 @@ def estimate(trainer: Any, repeats: int = 2) -> tuple[float, int]:
     return seconds, 4 * params + buffer
 
 
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
@@ -214,7 +214,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                 say(f"moved the previous run's {', '.join(moved[1])} to {aside}")
                 if trainer.log is not None:
                     trainer.log = type(trainer.log)(out)  # a fresh log (and TensorBoard writer) in the emptied folder
-        if resume and (out / "checkpoint.pt").is_file():
+        if resume and trainer.checkpoint_path is not None and trainer.checkpoint_path.is_file():
             _check_recipe_unchanged(out / NETWORK_FILE, model, spec, allow_config_change, say)
         if resume and trainer.resume(allow_config_change=allow_config_change):
             resumed_from = trainer.step
@@ -324,10 +324,10 @@ def checkpoint_model(run: str | Path, recipe: str | Path | None = None, device: 
     one, from ``recipe``'s network, whose shapes the config decides without building the data)."""
     from composable_ebm.persistence import model_from_payload
     from composable_ebm.recipes import build_model_from_shapes, load_recipe
-    from composable_ebm.training import load_checkpoint
+    from composable_ebm.training import Trainer, load_checkpoint
 
     run = Path(run)
-    checkpoint = run / "checkpoint.pt"
+    checkpoint = run / Trainer.CHECKPOINT
     if not checkpoint.is_file():
         raise InvalidInputError(f"{run} holds no checkpoint.pt: not a run folder, or a run that never saved")
     if recipe is not None:

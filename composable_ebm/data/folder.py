@@ -140,6 +140,11 @@ def read_image(path: Path, size: int, channels: int) -> Tensor:
         return pixels.view(size, size, channels).permute(2, 0, 1)
 
 
+def folder_channels(paths: Sequence[Path]) -> int:
+    """1 when every image is grey (`GREY_MODES`, read from the headers), else 3."""
+    return 1 if all(image_mode(p) in GREY_MODES for p in paths) else 3
+
+
 def image_mode(path: Path) -> str:
     """The PIL mode of an image file, read from its header."""
     from PIL import Image
@@ -202,7 +207,7 @@ def attribute_folder(
             raise DataNotFoundError(f"{table_path} lists {files[i]!r}, but {path} is not a regular file")
         paths.append(path)
     if channels is None:
-        channels = 1 if all(image_mode(p) in GREY_MODES for p in paths) else 3
+        channels = folder_channels(paths)
     if channels not in (1, 3):
         raise InvalidInputError(f"channels must be 1 or 3, got {channels!r}")
     images = torch.empty(len(paths), channels, image_size, image_size, dtype=torch.uint8)
@@ -260,5 +265,5 @@ class FolderData(DataConfig):
         table = root / self.attribute_file
         files, raw = read_attribute_table(table)
         _, attributes = table_labels(raw, self.columns or None, str(table))
-        channels = self.channels or (1 if all(image_mode(root / f) in GREY_MODES for f in files) else 3)
+        channels = self.channels or folder_channels([root / f for f in files])
         return attributes, (channels, self.size, self.size)
