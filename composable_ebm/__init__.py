@@ -17,8 +17,10 @@ _EXPORTS = {
     "GaussianEnergy": "composable_ebm.analytic",
     **dict.fromkeys(["NULL", "Conditioned", "Disjunction", "Energy", "Guided", "Labels", "WeightedSum", "guided"],
                     "composable_ebm.energy"),
-    **dict.fromkeys(["BlockSpec", "MLPConfig", "MLPEnergy", "ResNetConfig", "ResNetEnergy"], "composable_ebm.nets"),
-    **dict.fromkeys(["AugmentConfig", "SampleResult", "SamplerConfig", "SamplingDefaults"], "composable_ebm.sampling"),
+    **dict.fromkeys(["BlockSpec", "DenoisingUNetConfig", "DenoisingUNetEnergy", "MLPConfig", "MLPEnergy",
+                     "ResNetConfig", "ResNetEnergy"], "composable_ebm.nets"),
+    **dict.fromkeys(["AugmentConfig", "NoiseLadder", "SampleResult", "SamplerConfig", "SamplingDefaults"],
+                    "composable_ebm.sampling"),
     "sample": "composable_ebm.pipeline",
     **dict.fromkeys(["ReplayBuffer", "Trainer", "TrainerConfig", "TrainingDiverged"], "composable_ebm.training"),
     **dict.fromkeys(["ImageDataset", "attribute_folder", "cifar10", "digits", "shapes"], "composable_ebm.data"),
@@ -77,9 +79,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from composable_ebm.persistence import save_model as save
     from composable_ebm.images import chain_strip, image_grid, save_chain_strip, save_image_grid
     from composable_ebm.runs import TrainedRun, load_run, train_recipe
-    from composable_ebm.nets import BlockSpec, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
+    from composable_ebm.nets import (BlockSpec, DenoisingUNetConfig, DenoisingUNetEnergy, MLPConfig, MLPEnergy,
+                                     ResNetConfig, ResNetEnergy)
     from composable_ebm.pipeline import sample
-    from composable_ebm.sampling import AugmentConfig, SampleResult, SamplerConfig, SamplingDefaults
+    from composable_ebm.sampling import AugmentConfig, NoiseLadder, SampleResult, SamplerConfig, SamplingDefaults
     from composable_ebm.training import ReplayBuffer, Trainer, TrainerConfig, TrainingDiverged
 
 __all__ = [
@@ -88,6 +91,8 @@ __all__ = [
     "BlockSpec",
     "ClassifierConfig",
     "Conditioned",
+    "DenoisingUNetConfig",
+    "DenoisingUNetEnergy",
     "Disjunction",
     "Energy",
     "GaussianEnergy",
@@ -98,6 +103,7 @@ __all__ = [
     "MLPConfig",
     "NULL",
     "MLPEnergy",
+    "NoiseLadder",
     "Pretrained",
     "ReplayBuffer",
     "ResNetConfig",

@@ -531,11 +531,7 @@ def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name o
     if config.get("input_transforms"):
         rows.append(("input transforms", ", ".join(config["input_transforms"])))
     if defaults is not None:
-        c = defaults.sampler
-        noise = "exact" if c.noise is None else f"{c.noise:g}"
-        rows += [("sampler", f"{c.method}, {c.rounds} x {c.steps} steps" + (f" + {c.final_steps}" if c.final_steps else "")
-                  + f", step size {c.step_size:g}, noise {noise}" + (", augmented" if c.augment else "")),
-                 ("guidance scale", f"{defaults.guidance_scale:g}")]
+        rows += [("sampler", defaults.sampler.summary()), ("guidance scale", f"{defaults.guidance_scale:g}")]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         typer.echo(f"{key:<{width}}  {value}")

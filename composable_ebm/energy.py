@@ -11,6 +11,11 @@ energy means more likely, ``p(x) ∝ exp(-E(x))``. Every algebra operation retur
 - ``a / T``: temperature, ``E_a / T``;
 - ``a.condition(attr=value)``: binds attributes of a conditional model.
 
+A noise-conditioned energy ``E(x, sigma)`` (a model of the data blurred by Gaussian noise of std ``sigma`` at
+every level of a ladder, trained by denoising score matching) lives in the same algebra: ``forward(x, labels,
+sigma=...)`` passes the level through every node to every term, and an energy that does not depend on the level
+ignores it. `noise_conditioned` says whether an expression has such a term.
+
 An energy knows nothing of sampling: how an expression is sampled (its guided form, a model's own settings,
 the generator) is decided in one place above it, `composable_ebm.pipeline`, which ``energy.sample(n)``
 hands itself to. This module imports no sampler.
@@ -40,11 +45,27 @@ NULL = -1
 """The value index of the null condition: the attribute is left unbound for that item, and a model
 trained with label dropout gives its unconditional energy there."""
 
+NoiseLevel = Tensor | float
+"""A noise level ``sigma``: one number for the whole batch, or a tensor ``(B,)`` of one level per item."""
+
+
+def noise_levels(sigma: NoiseLevel, batch_size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``sigma`` as a ``(B,)`` tensor of positive finite levels; anything else is one line naming what it must be."""
+    level = torch.as_tensor(sigma, device=device, dtype=dtype)
+    if level.ndim == 0:
+        level = level.expand(batch_size)
+    if level.shape != (batch_size,):
+        raise ValueError(f"a noise level must be a number or a tensor of shape ({batch_size},), got {tuple(level.shape)}")
+    if level.numel() and not bool(((level > 0) & torch.isfinite(level)).all()):
+        raise ValueError("noise levels must be finite and positive")
+    return level
+
 
 class Energy(nn.Module):
     """Base class of every energy: networks, analytic energies and composites.
 
-    Subclasses implement `energy`; `forward` checks shapes at the boundary.
+    Subclasses implement `energy`; `forward` checks shapes at the boundary. A subclass whose energy depends on a
+    noise level sets ``takes_noise_level = True`` and implements ``energy(x, labels, sigma)``.
 
     Args:
         input_shape: shape of one input, e.g. ``(3, 32, 32)`` for images or ``(2,)``.
@@ -69,6 +90,10 @@ class Energy(nn.Module):
         self.attributes: dict[str, tuple[str, ...]] = {
             name: tuple(values) for name, values in (attributes or {}).items()
         }
+
+    takes_noise_level: bool = False
+    """Whether `energy` takes the noise level (``energy(x, labels, sigma)``): noise-conditioned networks and the
+    algebra nodes, which pass it to their terms."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -95,16 +120,29 @@ class Energy(nn.Module):
             return t.device
         return torch.device("cpu")
 
+    @property
+    def noise_conditioned(self) -> bool:
+        """Whether this energy (or, for a composite, any of its terms) depends on the noise level."""
+        return self.takes_noise_level
+
     def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
         """Energies ``(B,)`` of a batch ``x`` of shape ``(B, *input_shape)``."""
         raise NotImplementedError(f"{type(self).__name__} must implement energy(x, labels)")
 
-    def forward(self, x: Tensor, labels: Labels | None = None) -> Tensor:
-        """Energies of shape ``(B,)``; raises ``ValueError`` on a wrong input or output shape."""
+    def forward(self, x: Tensor, labels: Labels | None = None, sigma: NoiseLevel | None = None) -> Tensor:
+        """Energies of shape ``(B,)``; raises ``ValueError`` on a wrong input or output shape.
+
+        ``sigma`` is the noise level for noise-conditioned terms (one number, or ``(B,)``); an energy that does not
+        depend on it ignores it, and a noise-conditioned network without it uses its lowest trained level."""
         self._check_batch(x)
         if labels:
             labels = self.encode_labels(labels, batch_size=x.shape[0], device=x.device)
-        out = self.energy(x, labels or None)
+        if sigma is not None:
+            sigma = noise_levels(sigma, x.shape[0], x.device, x.dtype if x.is_floating_point() else torch.float32)
+        if self.takes_noise_level:
+            out = self.energy(x, labels or None, sigma)
+        else:
+            out = self.energy(x, labels or None)
         if out.shape != (x.shape[0],):
             raise ValueError(
                 f"{self.expression()} must return energies of shape ({x.shape[0]},) for a batch of"
@@ -120,19 +158,24 @@ class Energy(nn.Module):
                 f" got {tuple(x.shape)}"
             )
 
-    def conditioned_and_null(self, x: Tensor, labels: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """``E(x | labels)`` and ``E(x | 0)`` (every attribute unbound), each ``(B,)``, for guided composition.
+    def conditioned_and_null(self, x: Tensor, labels: dict[str, Tensor],
+                             sigma: NoiseLevel | None = None) -> tuple[Tensor, Tensor]:
+        """``E(x | labels)`` and ``E(x | 0)`` (every attribute unbound), each ``(B,)``, for guided composition,
+        at noise level ``sigma`` for a noise-conditioned model.
 
         One call on a batch of ``2B``; a network whose condition enters after layers both share overrides
         it to run those layers once.
         """
         b = x.shape[0]
         codes = {attr: torch.cat([idx, torch.full_like(idx, NULL)]) for attr, idx in labels.items()}
-        cond, null = self(torch.cat([x, x]), codes).split(b)
+        if sigma is not None:
+            level = noise_levels(sigma, b, x.device, x.dtype)
+            sigma = torch.cat([level, level])
+        cond, null = self(torch.cat([x, x]), codes, sigma=sigma).split(b)
         return cond, null
 
     def energy_and_grad(
-        self, x: Tensor, labels: Labels | None = None, create_graph: bool = False
+        self, x: Tensor, labels: Labels | None = None, create_graph: bool = False, sigma: NoiseLevel | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Energies ``(B,)`` and ``dE/dx`` (shape of ``x``); never touches parameter ``.grad``.
 
@@ -143,13 +186,13 @@ class Energy(nn.Module):
         with torch.enable_grad():
             if not create_graph or not x.requires_grad:
                 x = x.detach().requires_grad_(True)
-            e = self(x, labels)
+            e = self(x, labels, sigma=sigma)
             (grad,) = torch.autograd.grad(e.sum(), x, create_graph=create_graph)
         return (e if create_graph else e.detach()), grad
 
-    def score(self, x: Tensor, labels: Labels | None = None) -> Tensor:
+    def score(self, x: Tensor, labels: Labels | None = None, sigma: NoiseLevel | None = None) -> Tensor:
         """The score ``-dE/dx`` (shape of ``x``), without touching parameter gradients."""
-        return -self.energy_and_grad(x, labels)[1]
+        return -self.energy_and_grad(x, labels, sigma=sigma)[1]
 
     # ------------------------------------------------------------- conditioning
     def encode_labels(self, labels: Labels, batch_size: int, device: torch.device) -> dict[str, Tensor]:
@@ -300,7 +343,16 @@ def _check_compatible(parts: Sequence[Energy]) -> tuple[tuple[int, ...], tuple[f
 
 class _Composite(Energy):
     """An algebra node: made of other energies, never saved itself. Asked for ``save_pretrained`` or
-    ``push_to_hub``, it says why it has none (only these nodes pay for the lookup, not the networks' layers)."""
+    ``push_to_hub``, it says why it has none (only these nodes pay for the lookup, not the networks' layers).
+    It passes the noise level to every term."""
+
+    takes_noise_level = True
+
+    @property
+    def noise_conditioned(self) -> bool:
+        """Whether any term depends on the noise level."""
+        parts = self.terms if hasattr(self, "terms") else [self.base]
+        return any(t.noise_conditioned for t in parts)
 
     def __getattr__(self, name: str) -> Any:
         if name in ("save_pretrained", "push_to_hub"):
@@ -357,11 +409,11 @@ class WeightedSum(_Composite):
         """``sum_i |w_i|``: the gradient of the sum is up to this many times a part's gradient."""
         return sum(abs(w) for w in self.weights)
 
-    def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+    def energy(self, x: Tensor, labels: Labels | None, sigma: Tensor | None = None) -> Tensor:
         """``sum_i w_i * E_i(x)``, ``(B,)``."""
-        total = self.weights[0] * self.terms[0](x)
+        total = self.weights[0] * self.terms[0](x, sigma=sigma)
         for w, term in zip(self.weights[1:], self.terms[1:]):
-            total = total + w * term(x)
+            total = total + w * term(x, sigma=sigma)
         return total
 
     def expression(self) -> str:
@@ -392,9 +444,9 @@ class Disjunction(_Composite):
         super().__init__(input_shape, value_range)
         self.terms = nn.ModuleList(flat)
 
-    def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+    def energy(self, x: Tensor, labels: Labels | None, sigma: Tensor | None = None) -> Tensor:
         """``-logsumexp_i(-E_i(x))``, ``(B,)``."""
-        stacked = torch.stack([t(x) for t in self.terms], dim=1)  # (B, K)
+        stacked = torch.stack([t(x, sigma=sigma) for t in self.terms], dim=1)  # (B, K)
         return -torch.logsumexp(-stacked, dim=1)
 
     def expression(self) -> str:
@@ -418,11 +470,11 @@ class Conditioned(_Composite):
     def name(self) -> str:
         return self.base.name
 
-    def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+    def energy(self, x: Tensor, labels: Labels | None, sigma: Tensor | None = None) -> Tensor:
         """The base energy under the bound attribute values (and any others given in ``labels``)."""
         merged: dict[str, Any] = dict(labels or {})
         merged.update(self.bound)
-        return self.base(x, merged)
+        return self.base(x, merged, sigma=sigma)
 
     def expression(self) -> str:
         """The base's expression with its bound values, e.g. ``color[red]``."""
@@ -483,27 +535,27 @@ class Guided(_Composite):
         """each term's guidance scale, multiplying its weight"""
         self.terms = nn.ModuleList(terms)
 
-    def energy(self, x: Tensor, labels: Labels | None) -> Tensor:
+    def energy(self, x: Tensor, labels: Labels | None, sigma: Tensor | None = None) -> Tensor:
         """``mean_i E_i(x | 0) + sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))`` (``s_i``: `scales`), ``(B,)``."""
-        null, guidance = self.parts(x)
+        null, guidance = self.parts(x, sigma)
         return null + guidance
 
-    def parts(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def parts(self, x: Tensor, sigma: NoiseLevel | None = None) -> tuple[Tensor, Tensor]:
         """The two halves of `energy`: ``E_0 = mean_i E_i(x | 0)`` and ``sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))``,
         each ``(B,)``."""
         nulls, guidance = [], []
-        for w, (cond, uncond) in zip((s * w for s, w in zip(self.scales, self.weights)), self.term_energies(x)):
+        for w, (cond, uncond) in zip((s * w for s, w in zip(self.scales, self.weights)), self.term_energies(x, sigma)):
             nulls.append(uncond)
             guidance.append(w * (cond - uncond))
         return torch.stack(nulls).mean(dim=0), torch.stack(guidance).sum(dim=0)
 
-    def term_energies(self, x: Tensor) -> list[tuple[Tensor, Tensor]]:
+    def term_energies(self, x: Tensor, sigma: NoiseLevel | None = None) -> list[tuple[Tensor, Tensor]]:
         """Each term's ``(E_i(x | c_i), E_i(x | 0))``, each ``(B,)``, from one network call per term."""
         b = x.shape[0]
         out = []
         for term in self.terms:
             codes = {attr: torch.as_tensor(value, device=x.device).long().expand(b) for attr, value in term.bound.items()}
-            out.append(term.base.conditioned_and_null(x, codes))
+            out.append(term.base.conditioned_and_null(x, codes, sigma))
         return out
 
     def expression(self) -> str:

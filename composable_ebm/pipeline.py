@@ -112,6 +112,7 @@ def plan(energy: Energy, form: str = "auto", config: SamplerConfig | None = None
     """The energy and settings `sample` would run for ``energy`` (the studio shows them beside the expression)."""
     if not isinstance(energy, Energy):
         raise InvalidInputError(f"can only sample an Energy, got {type(energy).__name__}")
+    _check_one_family(energy)
     runs = composed(energy, form)
     if config is None:
         defaults = default_settings(runs)
@@ -154,6 +155,27 @@ def sample(
             f" samples are the starting noise: its proposals (step size {chosen.config.step_size:g}, noise std"
             f" {chosen.config.noise_std:.3g}) are too far for this energy; lower the step size or the noise")
     return result
+
+
+def leaves(energy: Energy) -> list[Energy]:
+    """The models an expression is made of (its algebra nodes unwrapped), in order."""
+    if isinstance(energy, Conditioned):
+        return leaves(energy.base)
+    if isinstance(energy, (WeightedSum, Disjunction, Guided)):
+        return [leaf for t in energy.terms for leaf in leaves(t)]
+    return [energy]
+
+
+def _check_one_family(energy: Energy) -> None:
+    """Refuse a composite of noise-conditioned models and models of clean data: an annealed sampler would run the
+    clean-data models on noised images, and a plain chain the noise-conditioned ones at their lowest level only."""
+    parts = leaves(energy)
+    noised = [p.name for p in parts if p.noise_conditioned]
+    clean = [p.name for p in parts if not p.noise_conditioned]
+    if noised and clean:
+        raise InvalidInputError(
+            f"{energy.expression()} mixes noise-conditioned models ({', '.join(noised)}) with models of clean data"
+            f" ({', '.join(clean)}); valid choices: compose models of one family")
 
 
 def constant(energy: Energy) -> bool:

@@ -92,7 +92,7 @@ def _start_from(trainer: Any, source: str | Path, allow_config_change: bool = Fa
 
 def estimate(trainer: Any, repeats: int = 2) -> tuple[float, int]:
     """Seconds per training iteration, estimated by timing the chain's energy-and-gradient evaluations at the
-    batch size (the iteration's bulk), and the bytes of a checkpoint (model, EMA, Adam's two moments, replay
+    batch size (the iteration's bulk; a denoising iteration is about three of them), and the bytes of a checkpoint (model, EMA, Adam's two moments, replay
     buffer). Draws from a generator of its own, so training is not changed by it."""
     import math
     import time as clock
@@ -109,10 +109,13 @@ def estimate(trainer: Any, repeats: int = 2) -> tuple[float, int]:
     if trainer.device.type == "cuda":
         torch.cuda.synchronize(trainer.device)
     per_eval = (clock.perf_counter() - start) / repeats
-    steps = cfg.chain_steps_max or cfg.sampler.total_steps
-    seconds = per_eval * (steps + 4)  # the chain, then the losses' passes (about four evaluations' worth)
+    if trainer.denoising:  # no chain: one evaluation with a differentiable gradient, then its backward pass
+        seconds = per_eval * 3
+    else:  # the chain, then the losses' passes (about four evaluations' worth)
+        seconds = per_eval * ((cfg.chain_steps_max or cfg.sampler.total_steps) + 4)
     params = sum(p.numel() * p.element_size() for p in energy.parameters())
-    buffer = cfg.buffer_size * math.prod(energy.input_shape) * 4 if cfg.reinit_prob < 1 else 0
+    keeps_buffer = cfg.reinit_prob < 1 and not trainer.denoising
+    buffer = cfg.buffer_size * math.prod(energy.input_shape) * 4 if keeps_buffer else 0
     return seconds, 4 * params + buffer
 
 
@@ -240,7 +243,10 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
 
         def tick(step: int, record: StepRecord) -> None:
             bar.update(step - bar.n)
-            bar.set_postfix(e_diff=f"{record.e_diff:+.3f}", refresh=False)
+            if record.e_diff is not None:
+                bar.set_postfix(e_diff=f"{record.e_diff:+.3f}", refresh=False)
+            else:
+                bar.set_postfix(loss=f"{record.loss:.4f}", refresh=False)
 
         start = time.perf_counter()
         with StopRequests(max_minutes) as stop:
@@ -259,7 +265,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                               location=str(out / "model"), license=license, notes=notes)
             save_model(ema, out / "model", card=card)
             log = out / Trainer.LOG
-            if log.is_file() and any("e_diff" in r for r in read_log(log)):  # a run shorter than log_every has none
+            if log.is_file() and any("e_diff" in r or "loss_dsm" in r for r in read_log(log)):  # none before log_every
                 plot_training_health(out, out / "health.png", title=recipe.stem)
             if summary.stopped:
                 say(f"stopped at step {summary.steps} of {total} ({stop.reason}); checkpoint and model saved; run the"

@@ -419,8 +419,7 @@ def sampler_summary(models: ModelCache, expression: str, form: str = "auto") -> 
     from composable_ebm.pipeline import plan
 
     cfg = plan(models.energy(expression), form).config
-    schedule = f"{cfg.rounds} rounds x {cfg.steps} steps" + (f" + {cfg.final_steps}" if cfg.final_steps else "")
-    return f"its own sampler: {schedule} ({cfg.total_steps} in all), step size {cfg.step_size:.4g}, noise {cfg.noise:g}"
+    return f"its own sampler: {cfg.summary()} ({cfg.total_steps} steps in all)"
 
 
 def error_line(err: BaseException) -> str:

@@ -225,8 +225,8 @@ def test_sampler_method_and_noise_options_are_honoured_and_checked(tmp_path):
     result = runner.invoke(app, ["sample", "shapes-color", "-c", "color=blue", "-n", "2", "--steps", "10", "--method",
                                  "mala", "--noise", "exact", "--step-size", "0.00001", "-o", str(tmp_path / "m.png")])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["sample", "shapes-color", "--method", "hmc", "-o", str(tmp_path / "h.png")])
-    assert result.exit_code == 2 and "unknown sampler method 'hmc'; valid choices: ['langevin', 'mala']" in result.output
+    result = runner.invoke(app, ["sample", "shapes-color", "--method", "gibbs", "-o", str(tmp_path / "h.png")])
+    assert result.exit_code == 2 and "unknown sampler method 'gibbs'; valid choices: ['hmc', 'langevin', 'mala']" in result.output
     result = runner.invoke(app, ["compose", "shapes-color", "--noise", "lots", "-o", str(tmp_path / "h.png")])
     assert result.exit_code == 2 and "'--noise': must be a number or 'exact', got 'lots'" in result.output
 

@@ -265,7 +265,7 @@ def test_bad_settings_are_rejected_with_the_valid_choices(image_energy):
     with pytest.raises(ValueError, match="valid settings"):
         sample(image_energy, 2, seed=0, stepz=3)
     with pytest.raises(ValueError, match="valid choices"):
-        SamplerConfig(method="hmc")
+        SamplerConfig(method="gibbs")
     with pytest.raises(ValueError, match="image energies"):
         sample(GaussianEnergy(MEAN, COV), 2, SamplerConfig(augment=AugmentConfig()), seed=0)
     with pytest.raises(ValueError, match="crop_scale"):

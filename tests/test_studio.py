@@ -112,7 +112,7 @@ def test_generate_samples_the_expression_and_reads_it(tmp_path):
     assert torch.equal(again.samples, made.samples)  # same seed, same samples; models loaded once
     assert sorted(models.models) == ["shapes-classifier", "shapes-color", "shapes-shape", "shapes-size"]
     summary = studio.sampler_summary(models, "shapes-color[color=red]")
-    assert "1 rounds x 60 steps (60 in all), step size 20" in summary
+    assert "1 x 60 steps, step size 20" in summary and "(60 steps in all)" in summary
 
 
 @pytest.mark.parametrize("kwargs, needle", [

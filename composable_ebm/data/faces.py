@@ -6,9 +6,10 @@ draws 16x16 faces from options; ``@resvg/resvg-js`` renders them to PNG. `render
 a cache folder once) and writes a CelebA-format folder: ``000000.png ...`` and ``list_attr_celeba.txt`` with four
 independent, balanced attributes:
 
-- ``smiling``: a happy or a sad mouth (13 and 10 designs), ``yes`` / ``no``;
+- ``smiling``: a smiling or a straight or frowning mouth (4 and 5 of DiceBear's designs, those whose 16 pixels
+  tell them apart), ``yes`` / ``no``;
 - ``glasses`` and ``hat``: present or absent (14 and 10 designs);
-- ``hair``: one of four colour groups, ``blond``, ``brown``, ``dark``, ``red``.
+- ``hair``: one of four colours, ``blond``, ``brown``, ``dark``, ``red``.
 
 Everything else (eyes, skin, clothing, accessories, beard, which mouth, glasses, hat and hairstyle) is DiceBear's
 own draw from each face's seed. The same ``n``, ``seed`` and ``size`` give the same bytes.
@@ -48,13 +49,18 @@ def cache_root() -> Path:
     return Path(os.environ.get("CEBM_CACHE") or Path.home() / ".cache" / "composable_ebm")
 
 
+def renderer_digest() -> str:
+    """A digest of the render script and its pinned packages: a cached install or folder of another renderer is
+    never reused."""
+    return hashlib.sha256(b"".join((RENDERER / f).read_bytes() for f in RENDERER_FILES)).hexdigest()[:16]
+
+
 def _renderer() -> Path:
     """A copy of the renderer with its packages installed (``npm ci`` from the lockfile, once per lockfile)."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         raise InvalidInputError(NODE_LINE)
-    digest = hashlib.sha256(b"".join((RENDERER / f).read_bytes() for f in RENDERER_FILES)).hexdigest()[:16]
-    home = cache_root() / f"faces-renderer-{digest}"
+    home = cache_root() / f"faces-renderer-{renderer_digest()}"
     if (home / "node_modules" / ".package-lock.json").is_file():
         return home
     home.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +108,7 @@ def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16) -> Path
 
 def faces_folder(n: int, seed: int = 0, size: int = 16) -> Path:
     """The rendered folder of ``n`` faces from ``seed`` at ``size``, rendered into the cache the first time."""
-    folder = cache_root() / f"faces-n{n}-seed{seed}-size{size}"
+    folder = cache_root() / f"faces-{renderer_digest()}-n{n}-seed{seed}-size{size}"
     if not (folder / "list_attr_celeba.txt").is_file():
         render_faces(folder, n, seed, size)
     return folder

@@ -1,4 +1,5 @@
-"""Energy networks: the paper's ResNets (single and multiscale) and a small MLP, registered by name (`NETWORKS`),
+"""Energy networks: the paper's ResNets (single and multiscale), a small MLP and the noise-conditioned U-Net energy,
+registered by name (`NETWORKS`),
 and the named input transforms their configs may list (`TRANSFORMS`)."""
 
 from composable_ebm.nets.mlp import MLPConfig, MLPEnergy
@@ -11,11 +12,14 @@ from composable_ebm.nets.resnet import (
     ResNetEnergy,
 )
 from composable_ebm.nets.transforms import TRANSFORMS
+from composable_ebm.nets.unet import DenoisingUNetConfig, DenoisingUNetEnergy
 
 __all__ = [
     "NETWORKS",
     "TRANSFORMS",
     "BlockSpec",
+    "DenoisingUNetConfig",
+    "DenoisingUNetEnergy",
     "MLPConfig",
     "MLPEnergy",
     "PAPER_128_BLOCKS",

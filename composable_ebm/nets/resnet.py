@@ -364,8 +364,9 @@ class ResNetEnergy(Pretrained, Energy):
         """Sum of the towers' energies (full, half and quarter resolution when multiscale), ``(B,)``."""
         return self._tower_energies(x, labels).sum(dim=1)
 
-    def conditioned_and_null(self, x: Tensor, labels: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """With the pixel-set head the towers are unconditional: run them once, ``E(x | c) = E(x | 0) - logit_c``.
+    def conditioned_and_null(self, x: Tensor, labels: dict[str, Tensor],
+                             sigma: Tensor | float | None = None) -> tuple[Tensor, Tensor]:
+        """The energy does not depend on the noise level ``sigma``. With the pixel-set head the towers are unconditional: run them once, ``E(x | c) = E(x | 0) - logit_c``.
         With late FiLM (``film_blocks``) or the projection head each tower runs the blocks before its condition once
         and only the rest (for the projection: pooling and the dense layers) on both halves."""
         if self.head is None and (self.config.film_blocks or self.config.condition_head == "projection"):
@@ -381,7 +382,7 @@ class ResNetEnergy(Pretrained, Energy):
                 total = total + tower.finish(torch.cat([h, h]), both)
             return total[:b], total[b:]
         if self.head is None:
-            return super().conditioned_and_null(x, labels)
+            return super().conditioned_and_null(x, labels, sigma)
         null = self(x)  # the towers' energy alone: unbound, the head is not run
         cond = self.condition_vector(self.encode_labels(labels, x.shape[0], x.device), x.shape[0], x.device)
         return null + self._head_energy(x, cond.to(x.dtype)), null

@@ -1,5 +1,5 @@
-"""Sampling: registered transitions (Langevin, MALA), augmentation transitions, Algorithm 2's chain runner, and a
-trained model's sampling defaults."""
+"""Sampling: registered transitions (Langevin, MALA, HMC), augmentation transitions, Algorithm 2's chain runner, the
+annealed runner of noise-conditioned energies (a noise ladder), and a trained model's sampling defaults."""
 
 from composable_ebm.sampling.augment import AugmentConfig, augment
 from composable_ebm.sampling.runner import (
@@ -16,6 +16,7 @@ from composable_ebm.sampling.defaults import SamplingDefaults
 from composable_ebm.sampling.transitions import (
     SAMPLERS,
     ChainState,
+    NoiseLadder,
     SamplerConfig,
     StepInfo,
     chain_grad_norm,
@@ -24,16 +25,20 @@ from composable_ebm.sampling.transitions import (
     evaluate,
     langevin_move,
     langevin_step,
+    hmc_step,
     langevin_update,
     mala_step,
 )
+from composable_ebm.sampling.annealed import AtLevel, run_ladder
 
 __all__ = [
     "SAMPLERS",
+    "AtLevel",
     "AugmentConfig",
     "ChainEnd",
     "ChainState",
     "SampleResult",
+    "NoiseLadder",
     "SamplerConfig",
     "SamplerDiagnostics",
     "SamplingDefaults",
@@ -43,6 +48,7 @@ __all__ = [
     "clamp_bounds",
     "differentiable_last_step",
     "evaluate",
+    "hmc_step",
     "initial_noise",
     "langevin_move",
     "langevin_step",
@@ -51,5 +57,6 @@ __all__ = [
     "mala_step",
     "with_overrides",
     "run_chain",
+    "run_ladder",
     "sample",
 ]

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from composable_ebm.configs import config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError, NonFiniteError
+from composable_ebm.sampling.annealed import ladder_start, run_ladder
 from composable_ebm.sampling.augment import augment
 from composable_ebm.sampling.transitions import (
     ChainState,
@@ -158,7 +159,8 @@ def sample(
             raise InvalidInputError(f"n must be a positive integer (the number of samples), got {n!r}")
         dev = torch.device(device) if device is not None else energy.device
         gen = make_generator(seed, generator, dev)
-        x = initial_noise(energy, n, gen, dev, cfg.init_scale)
+        x = (ladder_start(energy, n, cfg, gen, dev) if cfg.ladder is not None
+             else initial_noise(energy, n, gen, dev, cfg.init_scale))
     else:
         if n is not None and n != x0.shape[0]:
             raise ValueError(f"n={n} disagrees with x0's batch of {x0.shape[0]}")
@@ -232,6 +234,10 @@ def run_chain(
     total = config.total_steps if num_steps is None else num_steps
     if not 0 <= total <= config.total_steps:
         raise ValueError(f"num_steps must be in 0..{config.total_steps} for this schedule, got {num_steps}")
+    if config.ladder is not None:
+        if total != config.total_steps:
+            raise ValueError("a noise ladder runs whole: num_steps must be left out")
+        return ChainEnd(run_ladder(energy, x, config, generator, labels, on_step=on_step), None, total)
     step_fn = SAMPLERS.get(config.method)
     schedule = [config.steps] * config.rounds + ([config.final_steps] if config.final_steps else [])
     state: ChainState | None = None

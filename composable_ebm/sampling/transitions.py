@@ -1,4 +1,6 @@
-"""MCMC transitions on an energy passed per call: a Langevin step and a MALA step.
+"""MCMC transitions on an energy passed per call: a Langevin step, a MALA step and an HMC step, each with a
+per-chain accept/reject where it has one; and the noise ladder the annealed samplers of noise-conditioned
+energies walk down.
 
 State and diagnostics are separate records (as blackjax's ``MALAState`` / ``MALAInfo``): the
 state caches the energy and gradient of its position, so MALA never recomputes them.
@@ -34,6 +36,55 @@ in the ``composable_ebm.samplers`` group) and ``@SAMPLERS.register("name")`` add
 
 
 @dataclass(frozen=True)
+class NoiseLadder:
+    """The noise levels an annealed sampler walks down, for noise-conditioned energies (`Energy.noise_conditioned`).
+
+    Chains start from the value range's centre plus Gaussian noise of std ``sigma_max`` and run the sampler's
+    ``steps`` transitions at each level, with step size ``step_size * sigma^2`` (Song & Ermon 2019's annealed
+    Langevin dynamics: ``alpha_i`` proportional to ``sigma_i^2``) and exact Langevin noise, moving from one level to
+    the next by the reverse-diffusion step (``predictor``); then, with ``denoise``,
+    one step to the noise's posterior mean at the last level (Tweedie's formula, ``x - sigma^2 dE/dx``), and
+    the result is clamped to the value range.
+    """
+
+    levels: int = 30
+    """how many levels, ``sigma_max`` first and ``sigma_min`` last"""
+    sigma_min: float = 0.01
+    """the last level (the data's scale: [0, 1] pixels)"""
+    sigma_max: float = 1.0
+    """the first level"""
+    spacing: Literal["geometric", "karras"] = "geometric"
+    """geometric: equal ratios; karras: Karras et al. 2022's ``rho = 7`` spacing, more levels at low noise"""
+    predictor: bool = True
+    """move between levels by the reverse-diffusion step (the posterior of the next level's noised image given the
+    current one and the denoised estimate, ``x - sigma^2 dE/dx``), so the transitions at each level correct a chain
+    that is already close to it (the predictor-corrector scheme of Song et al. 2021, as Du et al. 2023 sample); off,
+    the chain reaches each level by the transitions alone"""
+    denoise: bool = True
+    """finish with the posterior-mean step at ``sigma_min``"""
+
+    def __post_init__(self) -> None:
+        check_size("NoiseLadder", "levels", self.levels, high=1 << 16)
+        check_range("NoiseLadder", "sigma_min", self.sigma_min, 0.0, low_open=True)
+        check_range("NoiseLadder", "sigma_max", self.sigma_max, self.sigma_min, 1e4)
+        if self.spacing not in ("geometric", "karras"):
+            raise InvalidInputError(f"unknown NoiseLadder.spacing {self.spacing!r}; valid choices: ['geometric', 'karras']")
+        for name in ("predictor", "denoise"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidInputError(f"NoiseLadder.{name} must be true or false, got {getattr(self, name)!r}")
+
+    def sigmas(self) -> list[float]:
+        """The levels, highest first."""
+        n, lo, hi = self.levels, self.sigma_min, self.sigma_max
+        if n == 1:
+            return [lo]
+        if self.spacing == "geometric":
+            return [hi * (lo / hi) ** (i / (n - 1)) for i in range(n)]
+        rho = 7.0
+        return [(hi ** (1 / rho) + i / (n - 1) * (lo ** (1 / rho) - hi ** (1 / rho))) ** rho for i in range(n)]
+
+
+@dataclass(frozen=True)
 class SamplerConfig:
     """Langevin / MALA settings and Algorithm 2's schedule.
 
@@ -51,7 +102,14 @@ class SamplerConfig:
     final_steps: int = 0
     """plain steps after the last round"""
     method: str = "langevin"
-    """a registered sampler (`SAMPLERS`): `langevin` (clamped Langevin steps) or `mala` (Metropolis-adjusted)"""
+    """a registered sampler (`SAMPLERS`): `langevin` (clamped Langevin steps), `mala` (Metropolis-adjusted) or `hmc`
+    (Hamiltonian Monte Carlo, `leapfrog` steps per proposal, Metropolis-adjusted)"""
+    leapfrog: int = 3
+    """hmc: leapfrog steps per proposal, each of step ``sqrt(2 * step_size)`` (one leapfrog step is MALA's
+    proposal with exact noise)"""
+    ladder: NoiseLadder | None = None
+    """anneal over these noise levels (noise-conditioned energies; `NoiseLadder`): ``steps`` transitions at each
+    level, with exact Langevin noise and step ``step_size * sigma^2``"""
     augment: AugmentConfig | None = None
     """augmentation transition at the start of every round"""
     clamp: bool = True
@@ -72,6 +130,15 @@ class SamplerConfig:
             check_size("SamplerConfig", name, getattr(self, name), low=0, high=1 << 24)
         check_size("SamplerConfig", "rounds", self.rounds, high=1 << 20)
         check_size("SamplerConfig", "init_scale", self.init_scale, high=1 << 12)
+        check_size("SamplerConfig", "leapfrog", self.leapfrog, high=1 << 10)
+        if self.ladder is not None:
+            if not isinstance(self.ladder, NoiseLadder):
+                raise InvalidInputError(f"SamplerConfig.ladder must be a NoiseLadder, got {type(self.ladder).__name__}")
+            if self.rounds != 1 or self.augment is not None or self.noise is not None:
+                raise InvalidInputError(
+                    "SamplerConfig: a noise ladder runs one pass of exact Langevin noise without augmentation; valid"
+                    f" choices: rounds = 1, augment = false, noise = \"exact\" (got rounds = {self.rounds}, augment ="
+                    f" {'set' if self.augment is not None else 'false'}, noise = {self.noise!r})")
         if not isinstance(self.clamp, bool):
             raise InvalidInputError(f"SamplerConfig.clamp must be true or false, got {self.clamp!r}")
         if self.steps < 0 or self.rounds < 1 or self.final_steps < 0:
@@ -87,13 +154,29 @@ class SamplerConfig:
         if self.precision not in ("float32", "bfloat16"):
             raise ValueError(f"unknown precision {self.precision!r}; valid choices: ['float32', 'bfloat16']")
 
+    def summary(self) -> str:
+        """The schedule in one line, e.g. ``langevin, 1 x 60 steps, step size 20, noise 0.005`` (``cebm info``, the
+        studio)."""
+        noise = "exact noise" if self.noise is None else f"noise {self.noise:g}"
+        extra = f" + {self.final_steps}" if self.final_steps else ""
+        if self.ladder is not None:
+            lad = self.ladder
+            return (f"{self.method}, {self.steps} steps{extra} at each of {lad.levels} noise levels ({lad.sigma_max:g}"
+                    f" to {lad.sigma_min:g}, {lad.spacing}), step size {self.step_size:g} x sigma^2, {noise}"
+                    + (", denoised" if lad.denoise else ""))
+        return (f"{self.method}, {self.rounds} x {self.steps} steps{extra}, step size {self.step_size:g}, {noise}"
+                + (", augmented" if self.augment else ""))
+
     @property
     def noise_std(self) -> float:
         return (2.0 * self.step_size) ** 0.5 if self.noise is None else self.noise
 
     @property
     def total_steps(self) -> int:
-        return self.rounds * self.steps + self.final_steps
+        """Transitions per chain: ``rounds * steps + final_steps``, or with a ladder ``levels * steps +
+        final_steps`` (the final ones at the last level)."""
+        per_pass = self.ladder.levels if self.ladder is not None else self.rounds
+        return per_pass * self.steps + self.final_steps
 
 
 @dataclass
@@ -230,5 +313,46 @@ def mala_step(
         torch.where(accept.view(shape), proposal, x),
         torch.where(accept, prop.energy, state.energy),
         torch.where(accept.view(shape), prop.grad, state.grad),
+    )
+    return new, StepInfo(new.energy.mean(), chain_grad_norm(state.grad), accept)
+
+
+@SAMPLERS.register("hmc")
+def hmc_step(
+    energy: Energy,
+    state: ChainState,
+    config: SamplerConfig,
+    generator: torch.Generator,
+    labels: Labels | None = None,
+) -> tuple[ChainState, StepInfo]:
+    """Hamiltonian Monte Carlo: a fresh unit-Gaussian momentum, ``leapfrog`` leapfrog steps of size
+    ``sqrt(2 * step_size)``, then a per-chain accept/reject on ``H = E + |p|^2 / 2`` (Neal 2011).
+
+    Targets ``exp(-E)`` exactly (restricted to the value range: a trajectory that leaves it is rejected).
+    """
+    eps = (2.0 * config.step_size) ** 0.5
+    x0 = state.x
+    p = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+    h0 = state.energy + 0.5 * p.flatten(1).pow(2).sum(dim=1)
+    bounds = clamp_bounds(energy, config)
+    inside = torch.ones(x0.shape[0], dtype=torch.bool, device=x0.device)
+    x, grad = x0, state.grad
+    p = p - 0.5 * eps * grad
+    cur = state
+    for i in range(config.leapfrog):
+        x = x + eps * p
+        if bounds is not None:
+            inside &= ((x >= bounds[0]) & (x <= bounds[1])).flatten(1).all(dim=1)
+        cur = evaluate(energy, x, labels, config.precision)
+        p = p - (eps if i < config.leapfrog - 1 else 0.5 * eps) * cur.grad
+    h1 = cur.energy + 0.5 * p.flatten(1).pow(2).sum(dim=1)
+    log_alpha = torch.where(inside, h0 - h1, torch.full_like(h0, -torch.inf))
+    u = torch.rand(x0.shape[0], generator=generator, device=x0.device, dtype=x0.dtype)
+    accept = torch.log(u) < log_alpha  # NaN (a non-finite energy) rejects
+    shape = (-1,) + (1,) * (x0.ndim - 1)
+    new = ChainState(
+        torch.where(accept.view(shape), cur.x, x0),
+        torch.where(accept, cur.energy, state.energy),
+        torch.where(accept.view(shape), cur.grad, state.grad),
     )
     return new, StepInfo(new.energy.mean(), chain_grad_norm(state.grad), accept)

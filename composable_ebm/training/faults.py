@@ -39,10 +39,11 @@ class Fault(Exception):
 
 def fault_reason(record: StepRecord, max_energy_diff: float) -> str | None:
     """Why an iteration's statistics are a fault, or ``None``."""
-    for key in ("loss", "e_pos", "e_neg"):
-        if not math.isfinite(getattr(record, key)):
-            return f"non-finite {key} ({getattr(record, key)})"
-    if abs(record.e_diff) > max_energy_diff:
+    for key in ("loss", "e_pos", "e_neg", "e_noised"):
+        value = getattr(record, key)
+        if value is not None and not math.isfinite(value):
+            return f"non-finite {key} ({value})"
+    if record.e_diff is not None and abs(record.e_diff) > max_energy_diff:
         return f"energy difference {record.e_diff:.4g} exceeds max_energy_diff {max_energy_diff:g}"
     return None
 

@@ -8,22 +8,24 @@ from typing import Any
 
 @dataclass
 class StepRecord:
-    """The statistics of one iteration of Algorithm 1.
+    """The statistics of one training iteration (Algorithm 1, or a denoising step of a noise-conditioned model).
 
     A loss term that is off (or not yet on, as ``L_ent`` before the buffer fills) is ``None``, never a
     stand-in 0; so are the per-term gradient norms outside logged steps. `to_log` writes the fields
     that are set, in this order, as one ``log.jsonl`` record.
     """
 
-    loss: float  # the total, L_CD + L_KL (+ L_label)
-    loss_cd: float  # L_CD with its L2 regulariser
-    loss_opt: float | None  # weighted L_opt
-    loss_ent: float | None  # weighted L_ent
-    loss_label: float | None  # weighted L_label
-    e_pos: float  # mean energy of the positives
-    e_neg: float  # mean energy of the negatives
-    e_diff: float  # e_pos - e_neg (of the unrounded means)
-    langevin_grad_norm: float  # mean |dE/dx| at the last Langevin step's start
+    loss: float  # the total: L_CD + L_KL (+ L_label), or the denoising loss
+    loss_cd: float | None = None  # L_CD with its L2 regulariser (contrastive divergence)
+    loss_opt: float | None = None  # weighted L_opt
+    loss_ent: float | None = None  # weighted L_ent
+    loss_label: float | None = None  # weighted L_label
+    e_pos: float | None = None  # mean energy of the positives
+    e_neg: float | None = None  # mean energy of the negatives
+    e_diff: float | None = None  # e_pos - e_neg (of the unrounded means)
+    langevin_grad_norm: float | None = None  # mean |dE/dx| at the last Langevin step's start
+    loss_dsm: float | None = None  # denoising score matching: mean squared error of the predicted noise
+    e_noised: float | None = None  # denoising: mean energy of the noised points
     grad_norm_cd: float | None = None  # |d L_CD / d params|, on logged steps
     grad_norm_kl: float | None = None  # |d L_KL / d params|, on logged steps with a KL term
     grad_norm: float | None = None  # |d loss / d params| before clipping, once the backward pass ran

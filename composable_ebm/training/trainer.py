@@ -1,4 +1,5 @@
-"""The trainer: Algorithm 1 of Du et al. 2021 ("EBM training algorithm").
+"""The trainer: Algorithm 1 of Du et al. 2021 ("EBM training algorithm"), and denoising score matching for
+noise-conditioned energies (`composable_ebm.training.denoising`: no chain, no buffer), chosen by the model.
 
 Per iteration: positives from the data; chain starts from the replay buffer (fresh uniform
 noise with probability ``reinit_prob``), augmented; ``K - 1`` Langevin steps without
@@ -39,6 +40,7 @@ from composable_ebm.images import as_float_images
 from composable_ebm.sampling import augment, initial_noise, run_chain
 from composable_ebm.training.buffer import ReplayBuffer
 from composable_ebm.training.config import TrainerConfig, TrainingData
+from composable_ebm.training.denoising import DenoisingObjective, DenoisingOutput
 from composable_ebm.training.faults import Fault, TrainingDiverged, fault_reason, raise_if_any_rank_faulted
 from composable_ebm.training.lock import RunLock
 from composable_ebm.training.log import LOG_NAME, RunLog
@@ -91,7 +93,9 @@ class Trainer(TrainingState):
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
-        self.objective: nn.Module = ImprovedCDObjective(self.energy, config)
+        self.denoising = energy.noise_conditioned
+        self.objective: nn.Module = (DenoisingObjective(self.energy) if self.denoising
+                                     else ImprovedCDObjective(self.energy, config))
         if self.distributed:
             self.objective = nn.parallel.DistributedDataParallel(
                 self.objective, device_ids=[self.device.index] if self.device.type == "cuda" else None
@@ -106,7 +110,8 @@ class Trainer(TrainingState):
                 f"TrainerConfig.buffer_size {config.buffer_size:,} of inputs {tuple(energy.input_shape)} is {elements:,}"
                 f" elements ({4 * elements / 2**30:,.1f} GiB in float32); at most {MAX_BUFFER_ELEMENTS:,} (8 GiB)")
         self.buffer = ReplayBuffer(
-            config.buffer_size, energy.input_shape, sorted(energy.attributes), self.device, config.buffer_policy
+            1 if self.denoising else config.buffer_size,  # denoising keeps no negatives
+            energy.input_shape, sorted(energy.attributes), self.device, config.buffer_policy,
         )
         self.step = 0
         self.resumed_exactly = True  # False after a resume from a checkpoint of another kind of device
@@ -197,11 +202,22 @@ class Trainer(TrainingState):
         return torch.where(use.view((-1,) + (1,) * (x.ndim - 1)), images.to(x.dtype), x)
 
     def train_step(self) -> StepRecord:
-        """One iteration of Algorithm 1; returns its statistics (raises `Fault` on a fault)."""
+        """One iteration of Algorithm 1 (or, for a noise-conditioned model, of denoising score matching); returns
+        its statistics (raises `Fault` on a fault)."""
         cfg, s = self.config, self.config.sampler
         t0 = time.perf_counter()
         model = self.energy
         x_pos, pos_labels = self._positives(cfg.batch_size)
+        if self.denoising:
+            noised: DenoisingOutput = self.objective(x_pos, pos_labels or None, self.generator)
+            record = StepRecord(loss=float(noised.loss.detach()), loss_dsm=float(noised.loss.detach()),
+                                e_noised=float(noised.energy), langevin_grad_norm=float(noised.grad_norm))
+            raise_if_any_rank_faulted(fault_reason(record, cfg.max_energy_diff), self.device)
+            self._update(noised.loss, record)
+            self.step += 1
+            record.seconds = time.perf_counter() - t0
+            record.images_per_second = cfg.batch_size * self.world_size / record.seconds
+            return record
         x, neg_labels = self._chain_starts(cfg.batch_size, pos_labels)
         labels = neg_labels or None
         if cfg.chain_steps_max is not None:  # this iteration's chain length, from the run's generator (resumable)
@@ -232,10 +248,20 @@ class Trainer(TrainingState):
         if logging:  # gradient norms of L_CD and L_KL separately (the paper's figure of their magnitudes)
             record.grad_norm_cd = _param_grad_norm(out.cd, params)
             record.grad_norm_kl = _param_grad_norm(out.kl, params) if out.kl is not None else None
+        self._update(loss, record)
+        self.buffer.add(out.x_neg, neg_labels, self.generator)
+        self.step += 1
+        record.seconds = time.perf_counter() - t0
+        record.images_per_second = cfg.batch_size * self.world_size / record.seconds
+        return record
+
+    def _update(self, loss: Tensor, record: StepRecord) -> None:
+        """Backward, clip, Adam, EMA; the gradient norm goes into ``record`` (a non-finite one is a `Fault`)."""
+        params = [p for p in self.energy.parameters() if p.requires_grad]
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.grad_clip is not None:
-            total = nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        if self.config.grad_clip is not None:
+            total = nn.utils.clip_grad_norm_(params, self.config.grad_clip)
         else:
             total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
         record.grad_norm = float(total)
@@ -243,11 +269,6 @@ class Trainer(TrainingState):
             raise Fault(f"non-finite gradient norm {record.grad_norm}")
         self.optimizer.step()
         self._update_ema()
-        self.buffer.add(out.x_neg, neg_labels, self.generator)
-        self.step += 1
-        record.seconds = time.perf_counter() - t0
-        record.images_per_second = cfg.batch_size * self.world_size / record.seconds
-        return record
 
     @torch.no_grad()
     def _update_ema(self) -> None:

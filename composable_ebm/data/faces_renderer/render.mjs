@@ -3,7 +3,7 @@
 //   node render.mjs --out DIR --n N --seed S [--size 16]
 //
 // Each face's attributes are drawn independently and balanced from a PRNG seeded with S: smiling (a happy or a sad
-// mouth), glasses, hat (each present or absent), hair (one of four colour groups). Every other option (eyes, skin,
+// mouth), glasses, hat (each present or absent), hair (one of four colours). Every other option (eyes, skin,
 // clothing, accessories, beard, which mouth, glasses, hat and hairstyle) is DiceBear's own draw from the face's seed.
 // The same arguments give the same bytes. Writes DIR/000000.png ... and DIR/list_attr_celeba.txt.
 import { createAvatar } from '@dicebear/core';
@@ -12,14 +12,21 @@ import { Resvg } from '@resvg/resvg-js';
 import fs from 'node:fs';
 import path from 'node:path';
 
+// One colour per hair group, far apart (DiceBear's own shades of a group are as close to the next group's as to each
+// other at 16 px), so the colour is readable wherever hair shows.
 const HAIR = {
-  dark: ['28150a', '603015', '612616'],
-  brown: ['83623b', '603a14'],
-  blond: ['cab188', 'a78961'],
-  red: ['bd1700', '611c17'],
+  dark: ['28150a'],
+  brown: ['83623b'],
+  blond: ['cab188'],
+  red: ['bd1700'],
 };
-const HAPPY = Array.from({ length: 13 }, (_, i) => `happy${String(i + 1).padStart(2, '0')}`);
-const SAD = Array.from({ length: 10 }, (_, i) => `sad${String(i + 1).padStart(2, '0')}`);
+// The mouths whose 16-px pixels say smiling or not: a smile curving up, a wide open smile, a grin with teeth
+// (happy06, 09, 12, 13) against a frown and straight lines (sad01, 04-07). DiceBear's other designs are one-sided
+// smirks and single pixels that draw the same pixels under either label.
+const HAPPY = ['happy06', 'happy09', 'happy12', 'happy13'];
+const SAD = ['sad01', 'sad04', 'sad05', 'sad06', 'sad07'];
+// Under a hat only long hairstyles, whose hair shows below it: a short one is hidden whole, and its colour with it.
+const LONG_HAIR = Array.from({ length: 21 }, (_, i) => `long${String(i + 1).padStart(2, '0')}`);
 const BACKGROUND = 'e8eef4';
 
 function args(argv) {
@@ -73,6 +80,7 @@ for (let i = 0; i < opts.n; i++) {
     glassesProbability: glasses ? 100 : 0,
     hatProbability: hat ? 100 : 0,
     hairColor: HAIR[hair],
+    ...(hat ? { hair: LONG_HAIR } : {}),
     backgroundColor: [BACKGROUND],
   });
   const png = new Resvg(avatar.toString(), { fitTo: { mode: 'width', value: opts.size }, shapeRendering: 0 })
