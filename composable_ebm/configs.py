@@ -70,6 +70,18 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return {f.name: _to_plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
 
 
+def config_defaults(cls: type) -> dict[str, Any]:
+    """The JSON-able defaults of a config dataclass's fields that have one: what a config saved before a field was
+    added stands for."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = _to_plain(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = _to_plain(f.default_factory())
+    return out
+
+
 def _to_plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return config_to_dict(value)

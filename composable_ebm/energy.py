@@ -50,14 +50,15 @@ NoiseLevel = Tensor | float
 
 
 def noise_levels(sigma: NoiseLevel, batch_size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """``sigma`` as a ``(B,)`` tensor of positive finite levels; anything else is one line naming what it must be."""
+    """``sigma`` as a ``(B,)`` tensor; a number must be finite and positive, a tensor of shape ``()`` or ``(B,)`` (its
+    values are not read here, so a chain on a GPU never waits for them)."""
+    if not isinstance(sigma, Tensor) and not (isinstance(sigma, Real) and math.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"a noise level must be a finite positive number or a tensor, got {sigma!r}")
     level = torch.as_tensor(sigma, device=device, dtype=dtype)
     if level.ndim == 0:
         level = level.expand(batch_size)
     if level.shape != (batch_size,):
         raise ValueError(f"a noise level must be a number or a tensor of shape ({batch_size},), got {tuple(level.shape)}")
-    if level.numel() and not bool(((level > 0) & torch.isfinite(level)).all()):
-        raise ValueError("noise levels must be finite and positive")
     return level
 
 

@@ -301,14 +301,22 @@ def _check_recipe_unchanged(path: Path, model: Any, spec: Any, allow: bool, say:
     checkpoint compares ``[trainer]`` itself), unless ``allow``: then the changes are said."""
     import json
 
-    from composable_ebm.configs import config_to_dict
-    from composable_ebm.training.config import config_differences
+    from composable_ebm.configs import config_defaults, config_to_dict
+    from composable_ebm.training.config import config_differences, with_defaults
 
-    if not path.is_file():
-        return
+    if not path.is_file():  # a checkpoint without the record of its network: a run of an older version, or files moved
+        if allow:
+            say(f"resuming without {path.name} (--allow-config-change): the run's [model] and [data] settings are"
+                " not checked")
+            return
+        raise InvalidInputError(f"{path.parent} holds a checkpoint but no {path.name}, so its [model] and [data] settings"
+                                " cannot be checked against the recipe; resume with --allow-config-change if it is this"
+                                " recipe's run, or start fresh (--no-resume --overwrite keeps the old files aside)")
     try:
         saved = json.loads(path.read_text())
-        before = {"model": saved["config"], "data": saved.get("extra", {}).get("data")}
+        # a [model] setting added since the run started had its default then
+        before = {"model": with_defaults(saved["config"], config_defaults(type(model.config))),
+                  "data": saved.get("extra", {}).get("data")}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise InvalidInputError(f"{path}: unreadable ({err}); it records the run's network and data") from err
     now = {"model": config_to_dict(model.config), "data": _data_settings(spec)}

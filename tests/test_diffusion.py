@@ -107,6 +107,9 @@ def test_the_algebra_passes_the_level_to_every_term():
     assert torch.allclose(red(x), red(x, sigma=a.config.sigma_min))  # no level: the lowest trained
     assert (red(x, sigma=sigma) >= 0).all()  # the squared-norm form is bounded below
     assert (red + green).noise_conditioned and not GaussianEnergy(torch.zeros(2), torch.eye(2)).noise_conditioned
+    for bad in (-1.0, 0.0, float("nan"), torch.ones(3)):
+        with pytest.raises(ValueError, match="noise level"):
+            red(x, sigma=bad)
 
 
 def test_the_energy_gradient_is_the_unets_noise_prediction_scaled_by_the_level():

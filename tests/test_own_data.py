@@ -173,3 +173,23 @@ def test_resuming_after_the_recipes_data_or_model_changed_is_refused_unless_allo
     recipe.write_text(recipe.read_text().replace("stem_channels = 32", "stem_channels = 16"))
     result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "3", "--no-progress"])
     assert result.exit_code == 2 and "model.stem_channels (32 -> 16)" in result.output
+    # a checkpoint whose network record is gone (files moved by hand) cannot be checked: refused unless allowed
+    (run / "network.json").unlink()
+    recipe.write_text(recipe.read_text().replace("stem_channels = 16", "stem_channels = 32"))
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "3", "--no-progress"])
+    assert result.exit_code == 2 and "no network.json" in result.output and "--allow-config-change" in result.output
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "3", "--no-progress",
+                                 "--allow-config-change"])
+    assert result.exit_code == 0 and "not checked" in result.output
+
+
+def test_a_run_recorded_before_a_model_setting_existed_resumes_with_that_settings_default(tmp_path):
+    make_faces(tmp_path / "faces")
+    recipe = recipe_for(tmp_path, "hair", "hair", "hair")
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "1", "--no-progress"]).exit_code == 0
+    record = json.loads((run / "network.json").read_text())
+    assert record["config"].pop("film_blocks") == 0  # as a run of a version without the setting wrote it
+    (run / "network.json").write_text(json.dumps(record))
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "2", "--no-progress"])
+    assert result.exit_code == 0 and "resumed from step 1" in result.output, result.output

@@ -25,7 +25,6 @@ class DenoisingOutput:
 
     loss: Tensor  # mean squared error of the predicted noise, per pixel
     energy: Tensor  # mean energy of the noised points (detached)
-    grad_norm: Tensor  # mean per-item |dE/dx| times sigma (detached): about sqrt(pixels) when trained
 
 
 def noise_range(energy: Energy) -> tuple[float, float]:
@@ -55,4 +54,4 @@ class DenoisingObjective(nn.Module):
         (grad,) = torch.autograd.grad(e.sum(), noised, create_graph=True)
         predicted = sigma.view((-1,) + (1,) * (x.ndim - 1)) * grad
         loss = (predicted - z).pow(2).mean()
-        return DenoisingOutput(loss, e.detach().mean(), predicted.detach().flatten(1).norm(dim=1).mean())
+        return DenoisingOutput(loss, e.detach().mean())

@@ -211,7 +211,7 @@ class Trainer(TrainingState):
         if self.denoising:
             noised: DenoisingOutput = self.objective(x_pos, pos_labels or None, self.generator)
             record = StepRecord(loss=float(noised.loss.detach()), loss_dsm=float(noised.loss.detach()),
-                                e_noised=float(noised.energy), langevin_grad_norm=float(noised.grad_norm))
+                                e_noised=float(noised.energy))
             raise_if_any_rank_faulted(fault_reason(record, cfg.max_energy_diff), self.device)
             self._update(noised.loss, record)
             self.step += 1
