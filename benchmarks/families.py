@@ -9,6 +9,8 @@ and are read by the same classifier and realism measure as the rest of docs/benc
 - training minutes (each run's logged step times) and the cost of one sampling call (64 samples of one model and
   of a guided pair, on this machine, in this run).
 
+    cebm train recipes/diffusion/shapes-<attribute>.toml --out runs/diffusion/shapes-<attribute> --max-minutes 25
+    # copy each run's model/ to runs/diffusion/models/shapes-<attribute>, and the bundled shapes-classifier beside them
     python -m benchmarks.composition --models runs/diffusion/models --recipes recipes/diffusion --quick \\
         --out runs/composition-diffusion  # (sharded as that script says)
     python -m benchmarks.composition --quick --out runs/composition-cd
@@ -77,22 +79,31 @@ def main() -> None:
     parser.add_argument("--cd-table", type=Path, required=True, help="benchmarks/composition.py JSON of the CD models")
     parser.add_argument("--diffusion-table", type=Path, required=True, help="... and of the noise-conditioned ones")
     parser.add_argument("--n", type=int, default=64, help="samples per value for each model alone")
+    parser.add_argument("--split", choices=("train", "all"), default="all",
+                        help="renders each value is compared with (as benchmarks/realism.py; the bundled models' realism"
+                             " section uses all)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "families")
     parser.add_argument("--no-doc", action="store_true")
+    parser.add_argument("--report", action="store_true", help="write the section from OUT/families.json, measuring nothing")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    classifier = load_model("shapes-classifier").eval()
     families = {"contrastive divergence": args.cd, "noise-conditioned": args.diffusion}
+    if args.report:
+        saved = json.loads((args.out / "families.json").read_text())
+        report(args, families, saved["alone"], saved["cost"], saved["tables"], saved["minutes"],
+               saved.get("machine", machine()))
+        return
+    classifier = load_model("shapes-classifier").eval()
     alone: dict[str, list[dict]] = {}
     cost: dict[str, dict[str, float]] = {}
     for family, folder in families.items():
         models = {a: load_model(folder / f"shapes-{a}").eval() for a in ATTRIBUTES}
         rows = []
         for a in ATTRIBUTES:
-            rows += measure_model(models[a], classifier, args.n, seed=0, sampler_overrides={}, split="train")
+            rows += measure_model(models[a], classifier, args.n, seed=0, sampler_overrides={}, split=args.split)
         sheet = to_pil(contact_sheet([(r["samples"][:8], r["real"][:8]) for r in rows], per_row=8, scale=3))
         slug = "cd" if family.startswith("contrastive") else "diffusion"
         save_image(sheet, args.out / f"families-{slug}.png")
@@ -106,9 +117,13 @@ def main() -> None:
     minutes = ({a: training_minutes(args.diffusion_runs / f"shapes-{a}") for a in ATTRIBUTES}
                if args.diffusion_runs else {})
     (args.out / "families.json").write_text(json.dumps({"alone": alone, "cost": cost, "tables": tables,
-                                                        "minutes": minutes}, indent=1))
-    if args.no_doc:
-        return
+                                                        "minutes": minutes, "machine": machine()}, indent=1))
+    if not args.no_doc:
+        report(args, families, alone, cost, tables, minutes, machine())
+
+
+def report(args, families: dict, alone: dict, cost: dict, tables: dict, minutes: dict, where: str) -> None:
+    """The docs section: each model alone, the composition tables, the cost of sampling, the sheets."""
 
     def alone_line(family: str) -> str:
         rows = alone[family]
@@ -132,17 +147,28 @@ def main() -> None:
                  f" {r['accuracy']:.3f} | {max(r['coverage_gap'].values()):.2f} |"
                  for family in families for r in alone[family]]
     trained = (", ".join(f"{a} {m:.0f}" for a, m in minutes.items()) + " minutes") if minutes else "not given"
+    guided = {f: tables[f]["summaries"]["guided"] for f in families}
+    accurate = max(guided, key=lambda f: guided[f]["3_all"]["mean"])
+    real = min(guided, key=lambda f: guided[f]["fid_ratio_median"])
+    values = len(next(iter(alone.values())))
     lines = [
         "## Noise-conditioned energies against contrastive divergence on Shapes",
         "",
-        f"`python -m benchmarks.families --diffusion {args.diffusion} ...` (the commands are in the script's docstring)"
-        f" on {machine()}. The same four attributes, the same training split (red circles held out of every model),"
+        f"`python -m benchmarks.families --diffusion {args.diffusion} --split {args.split} ...` (the commands are in the script's docstring)"
+        f" on {where}. The same four attributes, the same training split (red circles held out of every model),"
         " the same classifier and realism measure as the sections above. Contrastive divergence: the bundled models"
         " (`recipes/shapes-*.toml`, 60 to 140 CPU-minutes each by their recipes' notes). Noise-conditioned:"
-        f" `recipes/diffusion/shapes-*.toml`, trained on one thread beside one other run: {trained}.",
+        f" `recipes/diffusion/shapes-*.toml`, each on one thread with two or three runs sharing the machine's two"
+        f" cores: {trained}.",
         "",
-        f"**Each model alone** ({args.n} samples per value; median / worst over the 12 values; accuracy mean / worst;"
-        " the largest gap of another attribute's mix to the data's):",
+        f"Guided composites: {accurate} leads on joint accuracy (3 attributes:"
+        f" {guided[accurate]['3_all']['mean']:.3f} against"
+        f" {min(g['3_all']['mean'] for g in guided.values()):.3f}), {real} on the composites' FID ratio (median"
+        f" {guided[real]['fid_ratio_median']:.1f} against {max(g['fid_ratio_median'] for g in guided.values()):.1f}).",
+        "",
+        f"**Each model alone** ({args.n} samples per value against renders of every combination (`--split"
+        f" {args.split}`); median / worst over the {values} values; accuracy mean / worst; the largest gap of another"
+        " attribute's mix to the data's):",
         "",
         "| family | FID ratio | HF ratio | accuracy | coverage gap |",
         "| --- | --- | --- | --- | --- |",

@@ -105,7 +105,7 @@ def main() -> None:
         f"## Realism against training time: {model.name} ({args.recipe.as_posix()})",
         "",
         f"`python -m benchmarks.realism_curve --run {args.run.relative_to(ROOT) if args.run.is_relative_to(ROOT) else args.run}"
-        f" --recipe {args.recipe} --every {args.every} --split {args.split}"
+        f" --recipe {args.recipe} --every {args.every} --n {args.n} --split {args.split}"
         + (f" --label {args.label}" if args.label else "") + f"` on {machine()}: the EMA weights of every"
         f" {args.every}th-step checkpoint, {args.n} samples per value",
         "with the recipe's sampling settings (as `benchmarks/realism.py`). Minutes: the run's logged step times (one",

@@ -220,6 +220,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         if resume and trainer.checkpoint_path is not None and trainer.checkpoint_path.is_file():
             _check_recipe_unchanged(out / NETWORK_FILE, model, spec, allow_config_change, say)
         if resume and trainer.resume(allow_config_change=allow_config_change):
+            _check_network_recorded(out / NETWORK_FILE, allow_config_change, say)
             resumed_from = trainer.step
             say(f"resumed from step {trainer.step}" + ("" if trainer.resumed_exactly else
                 " on another kind of device than the checkpoint's: the run goes on, but not bit for bit")
@@ -296,6 +297,20 @@ def _data_settings(spec: Any) -> dict[str, Any]:
     return {"dataset": spec.data.name, **config_to_dict(spec.data)}
 
 
+def _check_network_recorded(path: Path, allow: bool, say: Callable[[str], None]) -> None:
+    """A checkpoint without the record of its network (a run of an older version, or files moved by hand) cannot be
+    checked against the recipe: refused unless ``allow``."""
+    if path.is_file():
+        return
+    if allow:
+        say(f"resuming without {path.name} (--allow-config-change): the run's [model] and [data] settings are not"
+            " checked")
+        return
+    raise InvalidInputError(f"{path.parent} holds a checkpoint but no {path.name}, so its [model] and [data] settings"
+                            " cannot be checked against the recipe; resume with --allow-config-change if it is this"
+                            " recipe's run, or start fresh (--no-resume --overwrite keeps the old files aside)")
+
+
 def _check_recipe_unchanged(path: Path, model: Any, spec: Any, allow: bool, say: Callable[[str], None]) -> None:
     """Refuse to resume a run whose recipe's ``[model]`` or ``[data]`` settings changed since it started (the
     checkpoint compares ``[trainer]`` itself), unless ``allow``: then the changes are said."""
@@ -304,14 +319,8 @@ def _check_recipe_unchanged(path: Path, model: Any, spec: Any, allow: bool, say:
     from composable_ebm.configs import config_defaults, config_to_dict
     from composable_ebm.training.config import config_differences, with_defaults
 
-    if not path.is_file():  # a checkpoint without the record of its network: a run of an older version, or files moved
-        if allow:
-            say(f"resuming without {path.name} (--allow-config-change): the run's [model] and [data] settings are"
-                " not checked")
-            return
-        raise InvalidInputError(f"{path.parent} holds a checkpoint but no {path.name}, so its [model] and [data] settings"
-                                " cannot be checked against the recipe; resume with --allow-config-change if it is this"
-                                " recipe's run, or start fresh (--no-resume --overwrite keeps the old files aside)")
+    if not path.is_file():  # `_check_network_recorded` speaks of it once the checkpoint has loaded
+        return
     try:
         saved = json.loads(path.read_text())
         # a [model] setting added since the run started had its default then

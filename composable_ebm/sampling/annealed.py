@@ -47,7 +47,8 @@ class AtLevel:
 def ladder_start(energy: Energy, n: int, config: SamplerConfig, generator: torch.Generator,
                  device: torch.device) -> Tensor:
     """Chain starts for a ladder: the value range's centre (0 when unbounded) plus noise of std ``sigma_max``."""
-    assert config.ladder is not None
+    if config.ladder is None:
+        raise ValueError("ladder_start needs a SamplerConfig with a ladder")
     centre = 0.0 if energy.value_range is None else sum(energy.value_range) / 2
     return centre + config.ladder.sigma_max * torch.randn((n, *energy.input_shape), generator=generator, device=device)
 
