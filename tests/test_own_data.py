@@ -163,23 +163,26 @@ def test_resuming_after_the_recipes_data_or_model_changed_is_refused_unless_allo
     make_faces(tmp_path / "faces")
     recipe = recipe_for(tmp_path, "hair", "hair", "hair")
     run = tmp_path / "run"
-    assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "1", "--no-progress"]).exit_code == 0
+
+    def train(steps: int, *flags: str):
+        return runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", str(steps), "--no-progress",
+                                   *flags])
+
+    assert train(1).exit_code == 0
     recipe.write_text(recipe.read_text().replace("size = 16", "size = 16\nlimit = 40"))
-    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "2", "--no-progress"])
+    result = train(2)
     assert result.exit_code == 2 and "data.limit (0 -> 40)" in result.output and "--allow-config-change" in result.output
-    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "2", "--no-progress",
-                                 "--allow-config-change"])
+    result = train(2, "--allow-config-change")
     assert result.exit_code == 0 and "resuming with changed settings" in result.output
     recipe.write_text(recipe.read_text().replace("stem_channels = 32", "stem_channels = 16"))
-    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "3", "--no-progress"])
+    result = train(3)
     assert result.exit_code == 2 and "model.stem_channels (32 -> 16)" in result.output
     # a checkpoint whose network record is gone (files moved by hand) cannot be checked: refused unless allowed
     (run / "network.json").unlink()
     recipe.write_text(recipe.read_text().replace("stem_channels = 16", "stem_channels = 32"))
-    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "3", "--no-progress"])
+    result = train(3)
     assert result.exit_code == 2 and "no network.json" in result.output and "--allow-config-change" in result.output
-    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "3", "--no-progress",
-                                 "--allow-config-change"])
+    result = train(3, "--allow-config-change")
     assert result.exit_code == 0 and "not checked" in result.output
 
 

@@ -14,6 +14,9 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm as _spectral_norm
 
+from composable_ebm.energy import Labels
+from composable_ebm.errors import InvalidInputError
+
 Norm = Literal["group", "instance", "none"]
 
 
@@ -141,3 +144,37 @@ class SelfAttention(nn.Module):
         attn = torch.softmax(torch.einsum("bic,bjc->bij", q, k), dim=-1)  # (B, HW, HW), unscaled as in SAGAN
         out = torch.einsum("bij,bjc->bic", attn, v)  # (B, HW, C)
         return x + self.gamma * rearrange(out, "b (h w) c -> b c h w", h=h, w=w)
+
+
+class AttributeCodes:
+    """What a conditional network's energy reads its condition from, for any network whose config has
+    ``null_condition`` (mixed in before `Energy`): the attributes' one-hot codes, and whether the null condition
+    was trained."""
+
+    @property
+    def has_null_condition(self) -> bool:
+        """True for unconditional models and for conditional ones trained with label dropout."""
+        return not self.attributes or self.config.null_condition
+
+    def condition_vector(self, labels: Labels | None, batch: int, device: torch.device) -> Tensor | None:
+        """Concatenated one-hot codes of the bound attributes; zeros (the null condition) for unbound
+        ones and for items whose index is `NULL`. ``(B, D)``; ``None`` for an unconditional network.
+
+        A model trained without label dropout (``config.null_condition`` false) never saw the null
+        condition, so an unbound attribute is an error naming the attributes to bind.
+        """
+        if not self.attributes:
+            return None
+        parts = []
+        for attr, values in self.attributes.items():
+            idx = labels.get(attr) if labels is not None else None
+            if not self.config.null_condition and (idx is None or bool((idx < 0).any())):
+                raise InvalidInputError(
+                    f"{self.name} was trained without a null condition (label dropout), so it has no"
+                    f" unconditional energy; bind its attribute: {self.name}[{attr}=...] with one of {list(values)}"
+                )
+            if idx is None:
+                parts.append(torch.zeros(batch, len(values), device=device))
+            else:
+                parts.append(F.one_hot(idx.clamp(min=0), len(values)).float() * (idx >= 0).unsqueeze(1))
+        return torch.cat(parts, dim=1)

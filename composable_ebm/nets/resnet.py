@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from composable_ebm.configs import MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_size
 from composable_ebm.energy import NULL, Energy, Labels
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.nets.layers import Norm, ResBlock, SelfAttention, Swish, conv
+from composable_ebm.nets.layers import AttributeCodes, Norm, ResBlock, SelfAttention, Swish, conv
 from composable_ebm.nets.registry import NETWORKS
 from composable_ebm.nets.transforms import apply, build_transforms
 from composable_ebm.persistence import Pretrained, register
@@ -279,7 +279,7 @@ class PixelSetHead(nn.Module):
 
 @NETWORKS.register("resnet")
 @register("resnet_energy")
-class ResNetEnergy(Pretrained, Energy):
+class ResNetEnergy(Pretrained, AttributeCodes, Energy):
     """The paper's ResNet energy, optionally multiscale and attribute-conditioned (FiLM, a projection or a pixel-set
     head), with optional named input transforms before its towers."""
 
@@ -310,35 +310,6 @@ class ResNetEnergy(Pretrained, Energy):
     @property
     def name(self) -> str:
         return self.config.name
-
-    @property
-    def has_null_condition(self) -> bool:
-        """True for unconditional models and for conditional ones trained with label dropout."""
-        return not self.attributes or self.config.null_condition
-
-    def condition_vector(self, labels: Labels | None, batch: int, device: torch.device) -> Tensor | None:
-        """Concatenated one-hot codes of the bound attributes; zeros (the null condition) for unbound
-        ones and for items whose index is `NULL`. ``(B, D)``.
-
-        A model trained without label dropout (``config.null_condition`` false) never saw the null
-        condition, so an unbound attribute is an error naming the attributes to bind.
-        """
-        if not self.attributes:
-            return None
-        parts = []
-        for attr, values in self.attributes.items():
-            idx = labels.get(attr) if labels is not None else None
-            if idx is None:
-                code = torch.zeros(batch, len(values), device=device)
-            else:
-                code = F.one_hot(idx.clamp(min=0), len(values)).float() * (idx >= 0).unsqueeze(1)
-            if not self.config.null_condition and (idx is None or bool((idx < 0).any())):
-                raise InvalidInputError(
-                    f"{self.name} was trained without a null condition (label dropout), so it has no"
-                    f" unconditional energy; bind its attribute: {self.name}[{attr}=...] with one of {list(values)}"
-                )
-            parts.append(code)
-        return torch.cat(parts, dim=1)
 
     def scale_energies(self, x: Tensor, labels: Labels | None = None) -> Tensor:
         """Energy of each tower, ``(B, num_scales)``; the energy is their sum."""

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from composable_ebm.configs import MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_range, check_size
 from composable_ebm.energy import Energy, Labels, noise_levels
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.nets.layers import ResBlock, Swish, conv
+from composable_ebm.nets.layers import AttributeCodes, ResBlock, Swish, conv
 from composable_ebm.nets.registry import NETWORKS
 from composable_ebm.nets.transforms import apply, build_transforms
 from composable_ebm.persistence import Pretrained, register
@@ -106,7 +106,7 @@ def level_features(sigma: Tensor, width: int) -> Tensor:
 
 @NETWORKS.register("denoising-unet")
 @register("denoising_unet_energy")
-class DenoisingUNetEnergy(Pretrained, Energy):
+class DenoisingUNetEnergy(Pretrained, AttributeCodes, Energy):
     """``E(x, sigma | y) = ||f(x, sigma, y)||^2 / (2 sigma)``, a U-Net ``f``: see the module's docstring."""
 
     config_class = DenoisingUNetConfig
@@ -154,29 +154,6 @@ class DenoisingUNetEnergy(Pretrained, Energy):
     def noise_range(self) -> tuple[float, float]:
         """The lowest and highest noise levels it is trained on."""
         return self.config.sigma_min, self.config.sigma_max
-
-    @property
-    def has_null_condition(self) -> bool:
-        """True for unconditional models and for conditional ones trained with label dropout."""
-        return not self.attributes or self.config.null_condition
-
-    def condition_vector(self, labels: Labels | None, batch: int, device: torch.device) -> Tensor | None:
-        """Concatenated one-hot codes of the bound attributes, zeros for unbound ones, ``(B, D)``; an unbound
-        attribute of a model trained without label dropout is one line naming what to bind."""
-        if not self.attributes:
-            return None
-        parts = []
-        for attr, values in self.attributes.items():
-            idx = labels.get(attr) if labels is not None else None
-            if not self.config.null_condition and (idx is None or bool((idx < 0).any())):
-                raise InvalidInputError(
-                    f"{self.name} was trained without a null condition (label dropout), so it has no"
-                    f" unconditional energy; bind its attribute: {self.name}[{attr}=...] with one of {list(values)}")
-            if idx is None:
-                parts.append(torch.zeros(batch, len(values), device=device))
-            else:
-                parts.append(F.one_hot(idx.clamp(min=0), len(values)).float() * (idx >= 0).unsqueeze(1))
-        return torch.cat(parts, dim=1)
 
     def residual(self, x: Tensor, sigma: Tensor, labels: Labels | None) -> Tensor:
         """``f(x, sigma, y)``, the shape of ``x``: the energy is half its squared norm over ``sigma``."""

@@ -304,15 +304,27 @@ def mala_step(
     )
     bounds = clamp_bounds(energy, config)
     if bounds is not None:
-        inside = ((proposal >= bounds[0]) & (proposal <= bounds[1])).flatten(1).all(dim=1)
-        log_alpha = torch.where(inside, log_alpha, torch.full_like(log_alpha, -torch.inf))
+        log_alpha = torch.where(_inside(proposal, bounds), log_alpha, torch.full_like(log_alpha, -torch.inf))
+    return _metropolis(state, prop, log_alpha, generator)
+
+
+def _inside(x: Tensor, bounds: tuple[float, float]) -> Tensor:
+    """Per chain, whether every element of ``x`` lies within ``bounds``. ``(B,)`` bool."""
+    return ((x >= bounds[0]) & (x <= bounds[1])).flatten(1).all(dim=1)
+
+
+def _metropolis(state: ChainState, proposed: ChainState, log_alpha: Tensor,
+                generator: torch.Generator) -> tuple[ChainState, StepInfo]:
+    """Accept each chain's proposal with probability ``min(1, exp(log_alpha))``, one draw per chain; a NaN
+    ``log_alpha`` (a non-finite energy) rejects. The state keeps the accepted positions' cached energy and gradient."""
+    x = state.x
     u = torch.rand(x.shape[0], generator=generator, device=x.device, dtype=x.dtype)
-    accept = torch.log(u) < log_alpha  # NaN log_alpha (a non-finite energy) rejects
+    accept = torch.log(u) < log_alpha
     shape = (-1,) + (1,) * (x.ndim - 1)
     new = ChainState(
-        torch.where(accept.view(shape), proposal, x),
-        torch.where(accept, prop.energy, state.energy),
-        torch.where(accept.view(shape), prop.grad, state.grad),
+        torch.where(accept.view(shape), proposed.x, x),
+        torch.where(accept, proposed.energy, state.energy),
+        torch.where(accept.view(shape), proposed.grad, state.grad),
     )
     return new, StepInfo(new.energy.mean(), chain_grad_norm(state.grad), accept)
 
@@ -342,17 +354,9 @@ def hmc_step(
     for i in range(config.leapfrog):
         x = x + eps * p
         if bounds is not None:
-            inside &= ((x >= bounds[0]) & (x <= bounds[1])).flatten(1).all(dim=1)
+            inside &= _inside(x, bounds)
         cur = evaluate(energy, x, labels, config.precision)
         p = p - (eps if i < config.leapfrog - 1 else 0.5 * eps) * cur.grad
     h1 = cur.energy + 0.5 * p.flatten(1).pow(2).sum(dim=1)
     log_alpha = torch.where(inside, h0 - h1, torch.full_like(h0, -torch.inf))
-    u = torch.rand(x0.shape[0], generator=generator, device=x0.device, dtype=x0.dtype)
-    accept = torch.log(u) < log_alpha  # NaN (a non-finite energy) rejects
-    shape = (-1,) + (1,) * (x0.ndim - 1)
-    new = ChainState(
-        torch.where(accept.view(shape), cur.x, x0),
-        torch.where(accept, cur.energy, state.energy),
-        torch.where(accept.view(shape), cur.grad, state.grad),
-    )
-    return new, StepInfo(new.energy.mean(), chain_grad_norm(state.grad), accept)
+    return _metropolis(state, cur, log_alpha, generator)
