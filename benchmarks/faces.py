@@ -1,17 +1,28 @@
-"""Faces attribute models: each alone, and composed over the whole table of smiling, glasses and hat.
+"""Faces attribute models over the whole table: each model alone, every conjunction, negation and OR.
 
     python -m benchmarks.faces --models runs --classifier runs/faces-classifier [--n 64] [--label trained]
 
-Reads ``MODELS/faces-<attribute>/model`` for smiling, glasses, hat and hair (or a checkpoint's EMA, via
-``cebm export``), samples every value with the model's own settings and reads the samples with the faces classifier:
+On two cores, as two one-thread shards and a merge::
 
-- alone: accuracy per value, how far the other attributes' mix is from the data's, FID ratio (in the classifier's
-  features, over the floor of as many fresh renders) and high-frequency ratio against renders of that value;
-- composed: every conjunction of 2 and 3 of smiling, glasses and hat, every value (12 pairs, 8 triples), in the
-  guided form: joint accuracy (every conditioned attribute read right at once), with the held-out triple
-  (smiling + glasses + hat) marked;
+    python -m benchmarks.faces --shard 0/2 --threads 1 & python -m benchmarks.faces --shard 1/2 --threads 1
+    python -m benchmarks.faces --merge 2
 
-and writes a contact sheet of samples beside renders for each row. The table goes into docs/benchmarks.md.
+Reads ``MODELS/faces-<attribute>/model`` for smiling, glasses, hat and hair (or a bundled name, with ``--models
+bundled``), samples every row as a user does (``energy.sample(n, seed=...)`` with the models' own settings) and
+reads the samples with the faces classifier:
+
+- alone: every value of every model: accuracy, the largest gap between the other attributes' mix and the data's
+  under that value, FID ratio (in the classifier's features, over the floor of as many fresh renders) and
+  high-frequency ratio against fresh renders of that value;
+- every conjunction of 2 and 3 of smiling, glasses and hat, every value (12 pairs, 8 triples), in the plain form
+  (``a + b``) and the guided form (``guided(a + b)``): joint accuracy (every conditioned attribute read right at
+  once) and realism against fresh renders of that combination; smiling + glasses + hat is held out of every
+  model's training data;
+- negation (``glasses - hat``: glasses and no hat, both ways) in both forms, and OR across hair colours
+  (``blond | red``, and ``smiling + (blond | red)``; the guided form takes no OR): accuracy and, for OR, the share
+  of each colour.
+
+Contact sheets put samples beside renders of the same row; the table goes into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -19,110 +30,239 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid
 from composable_ebm.data import FACES_ATTRIBUTES, faces
 from composable_ebm.evaluation.conditional import max_deviation, value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism
+from composable_ebm.expression import parse_expression
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTES = ("smiling", "glasses", "hat", "hair")
 COMPOSED = ("smiling", "glasses", "hat")
 HELD_OUT = {"smiling": "yes", "glasses": "yes", "hat": "yes"}
+FORMS = ("plain", "guided")
+SHEET_SAMPLES = 8
 
 
-def _matches(labels: dict[str, torch.Tensor], target: dict[str, str]) -> torch.Tensor:
+def term(attribute: str, value: str) -> str:
+    return f"faces-{attribute}[{attribute}={value}]"
+
+
+def jobs() -> list[dict]:
+    """Every row of the table, in a fixed order (its index seeds its samples). Each names its expression, what a
+    right sample reads (``want``: attribute -> accepted values) and which renders it is compared with."""
+    out: list[dict] = []
+    for a in ATTRIBUTES:
+        for v in FACES_ATTRIBUTES[a]:
+            out.append({"kind": "alone", "expression": term(a, v), "want": {a: [v]}, "form": "auto"})
+    for form in FORMS:
+        for arity in (2, 3):
+            for names in itertools.combinations(COMPOSED, arity):
+                for values in itertools.product(*(FACES_ATTRIBUTES[a] for a in names)):
+                    target = dict(zip(names, values))
+                    text = " + ".join(term(a, v) for a, v in target.items())
+                    out.append({"kind": "conjunction", "arity": arity, "form": form, "target": target,
+                                "expression": f"guided({text})" if form == "guided" else text,
+                                "want": {a: [v] for a, v in target.items()}, "held_out": target == HELD_OUT})
+        for plus, minus in (("glasses", "hat"), ("hat", "glasses")):
+            text = f"{term(plus, 'yes')} - {term(minus, 'yes')}"
+            out.append({"kind": "negation", "form": form, "expression": f"guided({text})" if form == "guided" else text,
+                        "want": {plus: ["yes"], minus: ["no"]}})
+    for colours, prefix in ((("blond", "red"), None), (("blond", "red"), ("smiling", "yes"))):  # OR has one form
+        text = " | ".join(term("hair", c) for c in colours)
+        want = {"hair": list(colours)}
+        if prefix is not None:
+            text = f"{term(*prefix)} + ({text})"
+            want = {prefix[0]: [prefix[1]], **want}
+        out.append({"kind": "or", "form": "plain", "expression": text, "want": want})
+    for i, job in enumerate(out):
+        job["index"] = i
+    return out
+
+
+def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> torch.Tensor:
     keep = torch.ones(next(iter(labels.values())).shape[0], dtype=torch.bool)
-    for a, v in target.items():
-        keep &= labels[a] == FACES_ATTRIBUTES[a].index(v)
+    for a, values in want.items():
+        keep &= torch.isin(labels[a], torch.tensor([FACES_ATTRIBUTES[a].index(v) for v in values]))
     return keep
+
+
+def measure(job: dict, models_dir: str, classifier, data, fresh, n: int) -> tuple[dict, torch.Tensor]:
+    """One row: its scores and its first samples (for the sheets)."""
+
+    def loader(name: str):
+        return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"))
+
+    energy = parse_expression(job["expression"], loader)
+    samples = energy.sample(n, seed=job["index"], form=job["form"])
+    read = classifier.predict(samples)
+    hits = torch.stack([torch.isin(read[a], torch.tensor([FACES_ATTRIBUTES[a].index(v) for v in values]))
+                        for a, values in job["want"].items()])
+    row = {k: job[k] for k in ("index", "kind", "form", "expression", "want") if k in job}
+    row.update({k: job[k] for k in ("arity", "target", "held_out") if k in job})
+    row["joint"] = float(hits.all(dim=0).float().mean())
+    row["per_attribute"] = {a: float(h.float().mean()) for a, h in zip(job["want"], hits)}
+    real_pool = fresh.images[_matching(fresh.labels, job["want"])].float() / 255
+    reference = data.images[_matching(data.labels, job["want"])][:500].float() / 255
+    real = real_pool[: 4 * n]
+    score = realism(samples, real, reference, classifier.features)
+    row.update({"fid_ratio": score.fid_ratio, "hf_ratio": score.hf_ratio, "n": n, "n_real": int(real.shape[0])})
+    if job["kind"] == "alone":
+        (a, (v,)), = job["want"].items()
+        under = _matching(data.labels, job["want"])
+        row["gaps"] = {b: max_deviation(value_distribution(read[b], FACES_ATTRIBUTES[b]),
+                                        value_distribution(data.labels[b][under], FACES_ATTRIBUTES[b]))
+                       for b in ATTRIBUTES if b != a}
+    if job["kind"] == "or":
+        row["shares"] = {c: float((read["hair"] == FACES_ATTRIBUTES["hair"].index(c)).float().mean())
+                         for c in job["want"]["hair"]}
+    return row, samples[:SHEET_SAMPLES]
+
+
+def _paths(out: Path, label: str, shard: tuple[int, int]) -> tuple[Path, Path]:
+    stem = f"faces-{label}-shard{shard[0]}of{shard[1]}"
+    return out / f"{stem}.json", out / f"{stem}.safetensors"
+
+
+def _sheet(rows: list[dict], samples: dict[str, torch.Tensor], fresh, path: Path) -> None:
+    pairs = []
+    for row in rows:
+        real = fresh.images[_matching(fresh.labels, row["want"])][:SHEET_SAMPLES].float() / 255
+        pairs.append((samples[str(row["index"])], real))
+    save_image_grid(contact_sheet(pairs, per_row=SHEET_SAMPLES, scale=1)[None], path, scale=4)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str, n: int, minutes: float,
+           models: str) -> str:
+    """The docs section and its contact sheets."""
+    images = ROOT / "docs" / "images"
+    alone = [r for r in rows if r["kind"] == "alone"]
+    _sheet(alone, samples, fresh, images / f"faces-{label}-alone.png")
+    fid = sorted(r["fid_ratio"] for r in alone)
+    lines = [
+        f"## Faces models ({label})", "",
+        f"`python -m benchmarks.faces --models {models} --n {n} --label {label}` (as shards and `--merge`) on"
+        f" {machine()}, {minutes:.0f} CPU-minutes. Every row is {n} samples drawn as a user draws them, read by the"
+        " faces classifier; FID ratio in the classifier's features against fresh renders of what the row asks for"
+        " (over the floor of as many fresh renders); HF ratio: high-frequency energy over the renders'.", "",
+        "**Each model alone** (targets: every value >= 0.95, gaps <= 0.10, median FID ratio <= 3, worst <= 6, HF"
+        f" ratio <= 1.5): median FID ratio **{fid[len(fid) // 2]:.1f}** (worst {fid[-1]:.1f}); accuracy mean"
+        f" {_mean([r['joint'] for r in alone]):.3f} (worst {min(r['joint'] for r in alone):.3f}).", "",
+        "| model | value | accuracy | FID ratio | HF ratio | largest gap (other attributes) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in alone:
+        (a, (v,)), = r["want"].items()
+        worst = max(r["gaps"], key=r["gaps"].get)
+        lines.append(f"| faces-{a} | {v} | {r['joint']:.3f} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |"
+                     f" {worst} {r['gaps'][worst]:.2f} |")
+    lines += ["", f"![faces alone, {label}](images/faces-{label}-alone.png)", "",
+              "Samples (left) beside fresh renders (right), one row per value: smiling no/yes, glasses no/yes, hat"
+              " no/yes, hair blond/brown/dark/red.", "",
+              "**Every conjunction** of smiling, glasses and hat, every value (targets: mean joint >= 0.95 / 0.92 for"
+              " 2 / 3 attributes, worst >= 0.75, the held-out triple >= 0.85, composites' median FID ratio <= 4):", "",
+              "| form | attributes | composites | mean joint | worst | median FID ratio | median HF ratio |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for form in FORMS:
+        for arity in (2, 3):
+            group = [r for r in rows if r["kind"] == "conjunction" and r["form"] == form and r["arity"] == arity]
+            worst = min(group, key=lambda r: r["joint"])
+            lines.append(f"| {form} | {arity} | {len(group)} | {_mean([r['joint'] for r in group]):.3f} |"
+                         f" {worst['joint']:.3f} ({', '.join(f'{a}={v}' for a, v in worst['target'].items())}) |"
+                         f" {statistics.median(r['fid_ratio'] for r in group):.1f} |"
+                         f" {statistics.median(r['hf_ratio'] for r in group):.2f} |")
+    held = {r["form"]: r for r in rows if r.get("held_out")}
+    lines += ["", "The held-out triple `smiling + glasses + hat` (no model saw a face with all three): "
+              + "; ".join(f"{form} joint {held[form]['joint']:.3f}, FID ratio {held[form]['fid_ratio']:.1f}"
+                          for form in FORMS if form in held) + ".", "",
+              "| composite | plain joint | guided joint | plain FID ratio | guided FID ratio |",
+              "| --- | --- | --- | --- | --- |"]
+    conj = [r for r in rows if r["kind"] == "conjunction"]
+    for target in [r["target"] for r in conj if r["form"] == "plain"]:
+        pair = {r["form"]: r for r in conj if r["target"] == target}
+        name = " + ".join(f"{a}={v}" for a, v in target.items()) + (" (held out)" if target == HELD_OUT else "")
+        lines.append(f"| {name} | {pair['plain']['joint']:.3f} | {pair['guided']['joint']:.3f} |"
+                     f" {pair['plain']['fid_ratio']:.1f} | {pair['guided']['fid_ratio']:.1f} |")
+    guided = [r for r in conj if r["form"] == "guided"]
+    _sheet(guided, samples, fresh, images / f"faces-{label}-guided.png")
+    lines += ["", f"![guided faces composites, {label}](images/faces-{label}-guided.png)", "",
+              "Guided composites (left) beside renders of the same combination (right), in the table's order; the"
+              " held-out triple is the last row.", "",
+              "**Negation and OR** (accuracy: every condition read right; OR also gives each colour's share):", "",
+              "| expression | form | accuracy | shares | FID ratio |", "| --- | --- | --- | --- | --- |"]
+    other = [r for r in rows if r["kind"] in ("negation", "or")]
+    for r in other:
+        shares = ", ".join(f"{c} {s:.2f}" for c, s in r.get("shares", {}).items()) or "-"
+        text = r["expression"].replace("|", "\\|")  # a table cell's pipe
+        lines.append(f"| `{text}` | {r['form']} | {r['joint']:.3f} | {shares} | {r['fid_ratio']:.1f} |")
+    _sheet(other, samples, fresh, images / f"faces-{label}-algebra.png")
+    lines += ["", f"![faces negation and OR, {label}](images/faces-{label}-algebra.png)", "",
+              "Negation and OR rows (left) beside renders of what they ask for (right), in the table's order."]
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=Path, default=ROOT / "runs")
+    parser.add_argument("--models", default=str(ROOT / "runs"),
+                        help="a folder of faces-<attribute>/model runs, or 'bundled'")
     parser.add_argument("--classifier", default=str(ROOT / "runs" / "faces-classifier"))
-    parser.add_argument("--n", type=int, default=64, help="samples per value and per composite")
+    parser.add_argument("--n", type=int, default=64, help="samples per row")
     parser.add_argument("--label", default="trained")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "faces-table")
+    parser.add_argument("--shard", default="0/1", help="I/K: measure every K-th row from the I-th")
+    parser.add_argument("--merge", type=int, default=None, metavar="K", help="merge K shards and write the report")
+    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fresh = faces(4000, seed=1, size=16)  # renders no model saw: the floor, the real side of realism, the sheets
+    if args.merge:
+        rows, samples, minutes = [], {}, 0.0
+        for i in range(args.merge):
+            table, tensors = _paths(args.out, args.label, (i, args.merge))
+            part = json.loads(table.read_text())
+            rows += part["rows"]
+            minutes += part["minutes"]
+            samples.update(load_file(str(tensors)))
+        rows.sort(key=lambda r: r["index"])
+        if [r["index"] for r in rows] != list(range(len(jobs()))):
+            raise SystemExit(f"the {args.merge} shards hold {len(rows)} of {len(jobs())} rows; run every shard first")
+        text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, part["models"])
+        write_section(f"faces-{args.label}", text)
+        print(text)
+        return
+    index, _, count = args.shard.partition("/")
+    shard = (int(index), int(count))
     start = time.perf_counter()
     classifier = load(args.classifier)
-    data = faces(20000, seed=0, size=16)  # the training renders (all of them: held-out faces included)
-    fresh = faces(4000, seed=1, size=16)  # renders no model saw, for the floor and the sheets
-    fresh_images = fresh.images.float() / 255
-    reference = data.images[:2000].float() / 255
-    labels = {a: v for a, v in data.labels.items()}
-    features = classifier.features
-    models = {a: load(args.models / f"faces-{a}" / "model") for a in ATTRIBUTES}
-    rows, sheet_rows = [], []
-    for a, model in models.items():
-        for value in FACES_ATTRIBUTES[a]:
-            samples = model.condition(**{a: value}).sample(args.n, seed=0)
-            read = classifier.predict(samples)
-            accuracy = float((read[a] == FACES_ATTRIBUTES[a].index(value)).float().mean())
-            want = _matches(labels, {a: value})
-            gaps = {b: max_deviation(value_distribution(read[b], FACES_ATTRIBUTES[b]),
-                                     value_distribution(labels[b][want], FACES_ATTRIBUTES[b]))
-                    for b in ATTRIBUTES if b != a}
-            real = fresh_images[_matches(fresh.labels, {a: value})]
-            score = realism(samples, real[: args.n * (real.shape[0] // args.n)][: 4 * args.n],
-                            reference[_matches({k: v[:2000] for k, v in labels.items()}, {a: value})], features)
-            rows.append({"model": f"faces-{a}", "value": value, "accuracy": accuracy, "fid_ratio": score.fid_ratio,
-                         "hf_ratio": score.hf_ratio, "gaps": gaps})
-            sheet_rows.append((samples, real))
-    composites = []
-    for arity in (2, 3):
-        for names in itertools.combinations(COMPOSED, arity):
-            for values in itertools.product(*(FACES_ATTRIBUTES[a] for a in names)):
-                target = dict(zip(names, values))
-                energy = sum(models[a].condition(**{a: v}) for a, v in target.items())
-                samples = energy.sample(args.n, seed=1)
-                read = classifier.predict(samples)
-                hits = torch.stack([read[a] == FACES_ATTRIBUTES[a].index(v) for a, v in target.items()]).all(dim=0)
-                composites.append({"target": target, "arity": arity, "joint": float(hits.float().mean()),
-                                   "held_out": target == HELD_OUT})
-                if target == HELD_OUT:
-                    sheet_rows.append((samples, fresh_images[_matches(fresh.labels, HELD_OUT)]))
+    data = faces(20000, seed=0, size=16)  # the training renders, held-out faces included: the reference set
+    rows, samples = [], {}
+    for job in jobs()[shard[0]::shard[1]]:
+        row, first = measure(job, args.models, classifier, data, fresh, args.n)
+        rows.append(row)
+        samples[str(job["index"])] = first.contiguous()
+        print(json.dumps({k: row[k] for k in ("index", "expression", "joint", "fid_ratio")}), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table, tensors = _paths(args.out, args.label, shard)
+    save_file(samples, str(tensors))
     minutes = (time.perf_counter() - start) / 60
-    out = ROOT / "docs" / "images" / f"faces-{args.label}.png"
-    save_image_grid(contact_sheet(sheet_rows, per_row=8, scale=1)[None], out, scale=4)
-    (ROOT / "runs").mkdir(exist_ok=True)
-    (ROOT / "runs" / f"faces-{args.label}.json").write_text(json.dumps({"rows": rows, "composites": composites}, indent=2))
-    fid = sorted(r["fid_ratio"] for r in rows)
-    lines = [
-        f"## Faces models ({args.label})", "",
-        f"`python -m benchmarks.faces --n {args.n} --label {args.label}` on {machine()} ({minutes:.1f} min). Each model"
-        f" alone: {args.n} samples per value with its own settings, read by the faces classifier (`cebm"
-        " train-classifier` on the 20,000 training renders); the largest gap between the other attributes' mix and"
-        " the data's under that value; FID ratio in the classifier's features against fresh renders of that value;"
-        " high-frequency ratio. Targets: every value >= 0.95, gaps <= 0.10, median FID ratio <= 3 (worst <= 6), HF"
-        " ratio <= 1.5.", "",
-        f"Median FID ratio **{fid[len(fid) // 2]:.1f}** (worst {fid[-1]:.1f}); accuracy mean"
-        f" {sum(r['accuracy'] for r in rows) / len(rows):.3f} (worst {min(r['accuracy'] for r in rows):.3f}).", "",
-        "| model | value | accuracy | FID ratio | HF ratio | largest gap (other attributes) |",
-        "| --- | --- | --- | --- | --- | --- |",
-        *(f"| {r['model']} | {r['value']} | {r['accuracy']:.3f} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |"
-          f" {max(r['gaps'], key=r['gaps'].get)} {max(r['gaps'].values()):.2f} |" for r in rows),
-        "",
-        "Guided composites of smiling, glasses and hat (every value; targets: mean joint >= 0.95 / 0.92 for 2 / 3"
-        " attributes, worst >= 0.75, the held-out triple >= 0.85):", "",
-        "| attributes | composites | mean joint | worst |", "| --- | --- | --- | --- |",
-    ]
-    for arity in (2, 3):
-        joint = [c["joint"] for c in composites if c["arity"] == arity]
-        lines.append(f"| {arity} | {len(joint)} | {sum(joint) / len(joint):.3f} | {min(joint):.3f} |")
-    held = next(c for c in composites if c["held_out"])
-    lines += ["", f"Held-out triple `faces-smiling[smiling=yes] + faces-glasses[glasses=yes] + faces-hat[hat=yes]`:"
-              f" joint {held['joint']:.3f}.", "",
-              f"Samples (left) beside fresh renders (right), one row per value of each model, then the held-out triple:", "",
-              f"![faces, {args.label}](images/{out.name})"]
-    write_section(f"faces-{args.label}", "\n".join(lines))
-    print("\n".join(lines))
+    table.write_text(json.dumps({"rows": rows, "minutes": minutes, "models": args.models}, indent=1))
+    if shard[1] == 1:
+        text = report(rows, samples, fresh, args.label, args.n, minutes, args.models)
+        write_section(f"faces-{args.label}", text)
+        print(text)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,11 @@ present) it measures:
 
     python -m benchmarks.throughput [--recipes shapes-shape ...] [--batches 24 64 128] [--threads 1 2] [--iters 3]
 
-The table goes into docs/benchmarks.md (section ``throughput``).
+The table goes into docs/benchmarks.md (section ``throughput``). With ``--precision`` it instead times a training
+iteration of each recipe at its own batch in float32 and in bfloat16 (`TrainerConfig.precision`), alternating the
+two in one run on one thread (CUDA too when present), into the section ``throughput-precision``:
+
+    python -m benchmarks.throughput --precision [--recipes ...] [--iters 5]
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from composable_ebm.training import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = {"shapes-shape": "shapes-shape.toml", "shapes-color": "shapes-color-palette.toml",
-           "shapes-size": "shapes-size.toml", "shapes-position": "shapes-position.toml"}
+           "shapes-size": "shapes-size.toml", "shapes-position": "shapes-position.toml",
+           "diffusion/shapes-shape": "diffusion/shapes-shape.toml", "diffusion/faces-smiling": "diffusion/faces-smiling.toml"}
+CD_RECIPES = [name for name in SHIPPED if not name.startswith("diffusion/")]
 
 
 def _labels(model, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -64,9 +70,16 @@ def sampling_step(model, batch: int, device: torch.device, reps: int) -> tuple[f
     return seconds, max(0.0, 1.0 - busy / wall)
 
 
-def training_iteration(recipe, data, batch: int, device: torch.device, iters: int) -> float:
-    """Seconds of one `Trainer.train_step` of the recipe at ``batch`` (after one warm-up iteration)."""
-    spec = dataclasses.replace(recipe, trainer=dataclasses.replace(recipe.trainer, batch_size=batch))
+def training_iteration(recipe, data, batch: int, device: torch.device, iters: int, precision: str | None = None) -> float:
+    """Seconds of one `Trainer.train_step` of the recipe at ``batch`` (after one warm-up iteration), at the recipe's
+    precision or ``precision`` (of the denoising loss, or of a contrastive-divergence recipe's chain)."""
+    trainer_config = dataclasses.replace(recipe.trainer, batch_size=batch)
+    if precision is not None and recipe.model_type == "denoising-unet":
+        trainer_config = dataclasses.replace(trainer_config, precision=precision)
+    elif precision is not None:
+        trainer_config = dataclasses.replace(trainer_config,
+                                             sampler=dataclasses.replace(trainer_config.sampler, precision=precision))
+    spec = dataclasses.replace(recipe, trainer=trainer_config)
     model = build_model(spec, data)
     trainer = Trainer(model, data, spec.trainer, device=device)
     trainer.train_step()
@@ -78,15 +91,56 @@ def training_iteration(recipe, data, batch: int, device: torch.device, iters: in
     return (time.perf_counter() - t) / iters
 
 
+def precision_table(names: list[str], iters: int) -> None:
+    """A training iteration of each recipe at its own batch, float32 against bfloat16, alternated in one run."""
+    torch.set_num_threads(1)
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    rows = []
+    for name in names:
+        recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
+        data = build_dataset(dataclasses.replace(recipe.data, n=2000), recipe.folder)
+        batch = recipe.trainer.batch_size
+        for device in devices:
+            times: dict[str, list[float]] = {"float32": [], "bfloat16": []}
+            for _ in range(2):  # alternate, so a drift in the machine's speed reaches both alike
+                for precision in times:
+                    times[precision].append(training_iteration(recipe, data, batch, device, iters, precision))
+            where = "cpu, 1 thread" if device.type == "cpu" else torch.cuda.get_device_name()
+            full, half = min(times["float32"]), min(times["bfloat16"])
+            rows.append((name, where, batch, full, half))
+            print(rows[-1], flush=True)
+    lines = [
+        "## Training in bfloat16",
+        "",
+        f"`python -m benchmarks.throughput --precision --recipes {' '.join(names)} --iters {iters}` on torch"
+        f" {torch.__version__}: seconds of one training iteration (`Trainer.train_step`) at the recipe's own batch,"
+        " float32 against bfloat16 (`[trainer] precision` for a denoising recipe, `[trainer.sampler] precision` for"
+        f" a contrastive-divergence recipe's chain), the faster of two alternating measurements of {iters} iterations"
+        " each.",
+        "",
+        "| recipe | device | batch | float32 s / iteration | bfloat16 s / iteration | speed-up |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *(f"| {n} | {w} | {b} | {f:.3f} | {h:.3f} | {f / h:.2f}x |" for n, w, b, f, h in rows),
+    ]
+    write_section("throughput-precision", "\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipes", nargs="+", default=list(SHIPPED), choices=list(SHIPPED))
+    parser.add_argument("--recipes", nargs="+", default=None, choices=list(SHIPPED),
+                        help="default: the contrastive-divergence recipes (with --precision: every recipe)")
+    parser.add_argument("--precision", action="store_true", help="float32 against bfloat16 training iterations")
     parser.add_argument("--batches", type=int, nargs="+", default=[24, 64, 128])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--iters", type=int, default=2, help="training iterations timed per cell")
     parser.add_argument("--reps", type=int, default=10, help="sampling steps timed per cell")
     parser.add_argument("--no-cuda", action="store_true")
     args = parser.parse_args()
+    if args.precision:
+        precision_table(args.recipes or list(SHIPPED), args.iters)
+        return
+    args.recipes = args.recipes or CD_RECIPES
     settings = [("cpu", t) for t in args.threads]
     if torch.cuda.is_available() and not args.no_cuda:
         settings.append(("cuda", None))

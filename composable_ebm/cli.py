@@ -210,6 +210,9 @@ def train(
     max_minutes: Annotated[Optional[float], typer.Option(
         "--max-minutes", min=0.0, help="Stop after this many minutes of training, saving the checkpoint and the model "
                                        "(the same command resumes).")] = None,
+    precision: Annotated[Optional[str], typer.Option(
+        help="float32 or bfloat16: the arithmetic of a noise-conditioned model's denoising loss ([trainer] "
+             "precision; default: the recipe's). A resumed run may change it.")] = None,
 ) -> None:
     """Train an energy with Algorithm 1 and save its EMA weights to OUT/model.
 
@@ -225,7 +228,7 @@ def train(
 
     run = train_recipe(recipe, out, steps=steps, resume=resume, overwrite=overwrite,
                        allow_config_change=allow_config_change, device=_device(device), progress=progress,
-                       license=license, init=init, echo=typer.echo, max_minutes=max_minutes)
+                       license=license, init=init, echo=typer.echo, max_minutes=max_minutes, precision=precision)
     if run.stopped is not None and run.stopped.startswith("SIG"):
         raise typer.Exit(128 + int(getattr(signal, run.stopped)))  # the shell's status for a signalled command
 

@@ -7,6 +7,7 @@ trained EMA model in ``model/`` (config, weights, card) and ``health.png``. `tra
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -167,7 +168,8 @@ class StopRequests:
 def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = None, resume: bool = True,
                  overwrite: bool = False, allow_config_change: bool = False, device: torch.device | str | None = None,
                  progress: bool = False, license: str | None = None, init: str | Path | None = None,
-                 echo: Callable[[str], None] | None = None, max_minutes: float | None = None) -> TrainedRun:
+                 echo: Callable[[str], None] | None = None, max_minutes: float | None = None,
+                 precision: str | None = None) -> TrainedRun:
     """Train ``recipe`` (a TOML file) into the run folder ``out``, as ``cebm train`` does.
 
     Resumes from ``out/checkpoint.pt`` when ``resume`` and it exists; ``resume=False`` starts a new run,
@@ -180,6 +182,8 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     model's weights instead of the recipe's initialisation, with a fresh optimiser: fine-tuning. Its network must
     be the recipe's. A step-0 checkpoint is written at once, so the run resumes as a fine-tune without ``init``;
     a run that resumes from a checkpoint ignores it.
+
+    ``precision`` (``float32`` or ``bfloat16``) overrides the recipe's ``[trainer] precision``; the card says so.
 
     Before training it says the estimated time per iteration and the checkpoint's size. SIGINT, SIGTERM or
     ``max_minutes`` stop it after the step in progress: the checkpoint and the model folder are written as at the
@@ -197,6 +201,10 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     say = echo or (lambda line: None)
     recipe, out = Path(recipe), Path(out)
     spec = load_recipe(recipe)
+    if precision is not None and precision != spec.trainer.precision:
+        spec = dataclasses.replace(spec, trainer=dataclasses.replace(spec.trainer, precision=precision))
+    else:
+        precision = None  # the recipe's own: nothing for the card to say
     if steps is not None and steps < 0:
         raise InvalidInputError(f"--steps must be >= 0, got {steps}")
     if max_minutes is not None and not max_minutes > 0:
@@ -262,6 +270,8 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
             notes = f"The run was started from the weights of `{init}` (`--init`), with a fresh optimiser." if init else None
             if init and init_changes:
                 notes += " Its settings differ from that model's in: " + "; ".join(f"`{c}`" for c in init_changes) + "."
+            if precision is not None:
+                notes = ((notes + " ") if notes else "") + f"Trained with `--precision {precision}` over the recipe's setting."
             card = model_card(ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
                               location=str(out / "model"), license=license, notes=notes)
             save_model(ema, out / "model", card=card)

@@ -12,8 +12,8 @@ from composable_ebm.configs import JSONConfig, check_range, check_size
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling import AugmentConfig, SamplerConfig
 
-# settings a resume may change without being asked: how long to train and how often to log or save
-RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every"})
+# settings a resume may change without being asked: how long to train, how often to log or save, and the arithmetic
+RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every", "precision"})
 # settings removed from TrainerConfig, with the value that behaves as the trainer does now: a checkpoint that saved
 # that value resumes as if the setting had never been there
 REMOVED_SETTINGS = {"negative_labels": "positives"}
@@ -91,6 +91,11 @@ class TrainerConfig(JSONConfig):
     """Write the full training state every this many steps."""
     seed: int = 0
     """Seeds the network's initialisation, the data order, chains and augmentations."""
+    precision: Literal["float32", "bfloat16"] = "float32"
+    """Arithmetic of a noise-conditioned model's denoising loss: `bfloat16` runs it under autocast (matrix products
+    and convolutions in bfloat16; weights, optimiser, EMA and the loss in float32). Falls back to float32, with a
+    warning, on a GPU without bfloat16. A contrastive-divergence chain's arithmetic is ``sampler.precision``. Speed
+    and what it changes: docs/benchmarks.md."""
 
     def __post_init__(self) -> None:
         if self.sampler.total_steps < 1:
@@ -133,6 +138,9 @@ class TrainerConfig(JSONConfig):
                 raise InvalidInputError("TrainerConfig.chain_steps_max needs sampler.rounds = 1 (one round of steps)")
         check_size(owner, "log_every", self.log_every, high=1 << 40)
         check_size(owner, "checkpoint_every", self.checkpoint_every, high=1 << 40)
+        if self.precision not in ("float32", "bfloat16"):
+            raise InvalidInputError(f"unknown TrainerConfig.precision {self.precision!r}; valid choices:"
+                                    " ['float32', 'bfloat16']")
         if self.on_fault not in ("rollback", "stop"):
             raise ValueError(f"unknown on_fault {self.on_fault!r}; valid choices: ['rollback', 'stop']")
         if self.batch_size < 1 or self.steps < 0 or self.log_every < 1 or self.checkpoint_every < 1:

@@ -46,6 +46,7 @@ from composable_ebm.training.lock import RunLock
 from composable_ebm.training.log import LOG_NAME, RunLog
 from composable_ebm.training.losses import other_values
 from composable_ebm.training.objective import ImprovedCDObjective, ObjectiveOutput
+from composable_ebm.training.precision import network_precision
 from composable_ebm.training.record import StepRecord
 from composable_ebm.training.state import TrainingState
 
@@ -94,6 +95,10 @@ class Trainer(TrainingState):
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.denoising = energy.noise_conditioned
+        if config.precision != "float32" and not self.denoising:
+            raise InvalidInputError(
+                f"TrainerConfig.precision {config.precision!r} sets the denoising loss of a noise-conditioned model;"
+                " a contrastive-divergence chain's arithmetic is [trainer.sampler] precision (valid: float32, bfloat16)")
         self.objective: nn.Module = (DenoisingObjective(self.energy) if self.denoising
                                      else ImprovedCDObjective(self.energy, config))
         if self.distributed:
@@ -209,7 +214,8 @@ class Trainer(TrainingState):
         model = self.energy
         x_pos, pos_labels = self._positives(cfg.batch_size)
         if self.denoising:
-            noised: DenoisingOutput = self.objective(x_pos, pos_labels or None, self.generator)
+            with network_precision(self.device, cfg.precision):
+                noised: DenoisingOutput = self.objective(x_pos, pos_labels or None, self.generator)
             record = StepRecord(loss=float(noised.loss.detach()), loss_dsm=float(noised.loss.detach()),
                                 e_noised=float(noised.energy))
             raise_if_any_rank_faulted(fault_reason(record, cfg.max_energy_diff), self.device)
