@@ -125,7 +125,11 @@ def main() -> None:
     parser.add_argument("--split", choices=("train", "all"), default="train",
                         help="renders to compare with: the training split (red circles held out) or every combination")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="sampler overrides, e.g. steps=200")
+    parser.add_argument("--names", nargs="*", default=None,
+                        help="what the table calls each of --models (default: each model's name)")
     args = parser.parse_args()
+    if args.names is not None and len(args.names) != len(args.models):
+        raise SystemExit(f"--names gives {len(args.names)} names for {len(args.models)} models")
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
@@ -134,11 +138,14 @@ def main() -> None:
     sheets.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     all_rows = []
-    for name in args.models:
+    for i, name in enumerate(args.models):
         model = (load_run(Path(name), args.recipe) if args.recipe else load_model(name)).eval()
         rows = measure_model(model, classifier, args.n, args.seed, overrides, args.split, args.coverage_n)
+        shown = args.names[i] if args.names is not None else model.name
+        for r in rows:
+            r["model"] = shown
         sheet = contact_sheet([(r["samples"], r["real"]) for r in rows], per_row=8, scale=4)
-        save_image(to_pil(sheet), sheets / f"realism-{args.label}-{model.name}.png")
+        save_image(to_pil(sheet), sheets / f"realism-{args.label}-{shown}.png")
         all_rows += rows
     fid = [r["fid_ratio"] for r in all_rows]
     hf = [r["hf_ratio"] for r in all_rows]
@@ -156,7 +163,8 @@ def main() -> None:
     lines = [
         f"## {args.title}",
         "",
-        f"`python -m benchmarks.realism --n {args.n} --coverage-n {args.coverage_n} --label {args.label} --split {args.split}`"
+        f"`python -m benchmarks.realism --n {args.n} --coverage-n {args.coverage_n} --label {args.label} --split {args.split}"
+        + (f" --models {' '.join(args.models)} --names {' '.join(args.names)}" if args.names is not None else "") + "`"
         f" on {machine()}. {args.n} samples"
         " per value with the model's",
         "default settings against fresh renders of that value ("
