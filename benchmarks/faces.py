@@ -88,11 +88,15 @@ def jobs() -> list[dict]:
     return out
 
 
+def _hits(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> torch.Tensor:
+    """Per attribute of ``want``, whether each image's value is one of those accepted, ``(A, N)`` bool."""
+    return torch.stack([torch.isin(labels[a], torch.tensor([FACES_ATTRIBUTES[a].index(v) for v in values]))
+                        for a, values in want.items()])
+
+
 def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> torch.Tensor:
-    keep = torch.ones(next(iter(labels.values())).shape[0], dtype=torch.bool)
-    for a, values in want.items():
-        keep &= torch.isin(labels[a], torch.tensor([FACES_ATTRIBUTES[a].index(v) for v in values]))
-    return keep
+    """Which images have every attribute of ``want`` at an accepted value, ``(N,)`` bool."""
+    return _hits(labels, want).all(dim=0)
 
 
 def measure(job: dict, models_dir: str, classifier, data, fresh, n: int) -> tuple[dict, torch.Tensor]:
@@ -104,8 +108,7 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int) -> tupl
     energy = parse_expression(job["expression"], loader)
     samples = energy.sample(n, seed=job["index"], form=job["form"])
     read = classifier.predict(samples)
-    hits = torch.stack([torch.isin(read[a], torch.tensor([FACES_ATTRIBUTES[a].index(v) for v in values]))
-                        for a, values in job["want"].items()])
+    hits = _hits(read, job["want"])
     row = {k: job[k] for k in ("index", "kind", "form", "expression", "want") if k in job}
     row.update({k: job[k] for k in ("arity", "target", "held_out") if k in job})
     row["joint"] = float(hits.all(dim=0).float().mean())

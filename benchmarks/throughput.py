@@ -73,15 +73,13 @@ def sampling_step(model, batch: int, device: torch.device, reps: int) -> tuple[f
 def training_iteration(recipe, data, batch: int, device: torch.device, iters: int, precision: str | None = None) -> float:
     """Seconds of one `Trainer.train_step` of the recipe at ``batch`` (after one warm-up iteration), at the recipe's
     precision or ``precision`` (of the denoising loss, or of a contrastive-divergence recipe's chain)."""
-    trainer_config = dataclasses.replace(recipe.trainer, batch_size=batch)
-    if precision is not None and recipe.model_type == "denoising-unet":
-        trainer_config = dataclasses.replace(trainer_config, precision=precision)
+    model = build_model(recipe, data)
+    config = dataclasses.replace(recipe.trainer, batch_size=batch)
+    if precision is not None and model.noise_conditioned:
+        config = dataclasses.replace(config, precision=precision)
     elif precision is not None:
-        trainer_config = dataclasses.replace(trainer_config,
-                                             sampler=dataclasses.replace(trainer_config.sampler, precision=precision))
-    spec = dataclasses.replace(recipe, trainer=trainer_config)
-    model = build_model(spec, data)
-    trainer = Trainer(model, data, spec.trainer, device=device)
+        config = dataclasses.replace(config, sampler=dataclasses.replace(config.sampler, precision=precision))
+    trainer = Trainer(model, data, config, device=device)
     trainer.train_step()
     _sync(device)
     t = time.perf_counter()

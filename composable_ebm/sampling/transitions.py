@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover; energies sit above the sampler
     from composable_ebm.energy import Energy, Labels
 
 Precision = Literal["float32", "bfloat16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 Step = Callable[..., "tuple[ChainState, StepInfo]"]
 """A registered sampler: ``step(energy, state, config, generator, labels) -> (new state, info)``."""
@@ -151,8 +152,8 @@ class SamplerConfig:
                 f" = {self.total_steps:,} Langevin steps; at most {MAX_TOTAL_STEPS:,}")
         if not isinstance(self.method, str) or self.method not in SAMPLERS:
             raise InvalidInputError(f"unknown sampler method {self.method!r}; valid choices: {SAMPLERS.names()}")
-        if self.precision not in ("float32", "bfloat16"):
-            raise ValueError(f"unknown precision {self.precision!r}; valid choices: ['float32', 'bfloat16']")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; valid choices: {list(PRECISIONS)}")
 
     def summary(self) -> str:
         """The schedule in one line, e.g. ``langevin, 1 x 60 steps, step size 20, noise 0.005`` (``cebm info``, the
@@ -197,9 +198,13 @@ class StepInfo:
     accepted: Tensor | None  # MALA: per-chain bool (B,); Langevin: None
 
 
-def _autocast(x: Tensor, precision: Precision):
+def autocast(device_type: str, precision: str) -> contextlib.AbstractContextManager:
+    """The context network passes run in at ``precision``: nothing for float32, bfloat16 autocast on ``device_type``
+    (the sampler's energy evaluations; the trainer's denoising loss)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid choices: {list(PRECISIONS)}")
     if precision == "bfloat16":
-        return torch.autocast(device_type=x.device.type, dtype=torch.bfloat16)
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -207,7 +212,7 @@ def evaluate(
     energy: Energy, x: Tensor, labels: Labels | None, precision: Precision = "float32", create_graph: bool = False
 ) -> ChainState:
     """Energy and ``dE/dx`` at ``x``; under bf16 autocast the results are returned in ``x``'s dtype."""
-    with _autocast(x, precision):
+    with autocast(x.device.type, precision):
         e, g = energy.energy_and_grad(x, labels, create_graph=create_graph)
     return ChainState(x, e.to(x.dtype), g.to(x.dtype))
 

@@ -11,6 +11,7 @@ from torch import Tensor
 from composable_ebm.configs import JSONConfig, check_range, check_size
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling import AugmentConfig, SamplerConfig
+from composable_ebm.sampling.transitions import PRECISIONS
 
 # settings a resume may change without being asked: how long to train, how often to log or save, and the arithmetic
 RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every", "precision"})
@@ -138,9 +139,9 @@ class TrainerConfig(JSONConfig):
                 raise InvalidInputError("TrainerConfig.chain_steps_max needs sampler.rounds = 1 (one round of steps)")
         check_size(owner, "log_every", self.log_every, high=1 << 40)
         check_size(owner, "checkpoint_every", self.checkpoint_every, high=1 << 40)
-        if self.precision not in ("float32", "bfloat16"):
+        if self.precision not in PRECISIONS:
             raise InvalidInputError(f"unknown TrainerConfig.precision {self.precision!r}; valid choices:"
-                                    " ['float32', 'bfloat16']")
+                                    f" {list(PRECISIONS)}")
         if self.on_fault not in ("rollback", "stop"):
             raise ValueError(f"unknown on_fault {self.on_fault!r}; valid choices: ['rollback', 'stop']")
         if self.batch_size < 1 or self.steps < 0 or self.log_every < 1 or self.checkpoint_every < 1:
