@@ -534,7 +534,8 @@ def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name o
     if config.get("input_transforms"):
         rows.append(("input transforms", ", ".join(config["input_transforms"])))
     if defaults is not None:
-        rows += [("sampler", defaults.sampler.summary()), ("guidance scale", f"{defaults.guidance_scale:g}")]
+        rows += [("sampler", defaults.sampler.summary()), ("guidance scale", f"{defaults.guidance_scale:g}"
+                                                            + (" (alone too)" if defaults.guided_alone else ""))]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         typer.echo(f"{key:<{width}}  {value}")

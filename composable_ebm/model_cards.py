@@ -114,7 +114,9 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
     if steps is not None or recipe:
         lines += ["", "## Training", ""]
         if steps is not None:
-            lines.append(f"Trained for {steps} iterations with improved contrastive divergence (EMA weights).")
+            objective = ("denoising score matching" if getattr(model, "noise_conditioned", False)
+                         else "improved contrastive divergence")
+            lines.append(f"Trained for {steps} iterations with {objective} (EMA weights).")
         files = [(recipe_name or "recipe.toml", recipe)] if isinstance(recipe, str) else list(recipe or [])
         if files:
             lines += ["", f"Recipe (`{recipe_name or files[-1][0]}`" + (", after the recipes it starts from" if

@@ -6,8 +6,9 @@ layers below it decide none of them:
 
 - **the form** (`plan`): ``auto`` samples a sum of two or more conditioned models that all have a trained null
   condition (label dropout) in its guided form ``E_0 + sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))``, with each
-  model's own guidance scale ``s_i``; anything else as written. ``plain`` samples as written; ``guided`` asks
-  for the guided form (one line naming a term that has none);
+  model's own guidance scale ``s_i``, and so one conditioned model whose defaults ask for it
+  (``SamplingDefaults.guided_alone``: classifier-free guidance); anything else as written. ``plain`` samples as
+  written; ``guided`` asks for the guided form (one line naming a term that has none);
 - **the settings** (`default_settings`): a trained model's own (`SamplingDefaults`, from its ``config.json``),
   a composite's derived from its parts (below), else the sampler's defaults; keyword overrides win;
 - **the generator**: ``seed=`` or ``generator=``; without either, torch's global generator seeds the chains, so
@@ -57,7 +58,11 @@ def guidance_scale(term: Energy) -> float:
 
 
 def has_guided_form(energy: Energy) -> bool:
-    """Whether ``energy`` is a sum of two or more conditioned models that all have a trained null condition."""
+    """Whether ``form="auto"`` samples ``energy`` in its guided form: a sum of two or more conditioned models that all
+    have a trained null condition, or one such model whose defaults say ``guided_alone``."""
+    if isinstance(energy, Conditioned):
+        defaults = model_defaults(energy.base)
+        return energy.base.has_null_condition and defaults is not None and defaults.guided_alone
     return isinstance(energy, WeightedSum) and len(energy.terms) > 1 and all(
         isinstance(t, Conditioned) and t.base.has_null_condition for t in energy.terms)
 

@@ -116,6 +116,25 @@ def test_a_models_guidance_scale_multiplies_its_terms_weight_in_the_guided_form(
     torch.testing.assert_close(scaled(x), doubled)  # built with its scales: later changes to the model do not reach it
 
 
+def test_guided_alone_samples_one_conditioned_model_with_classifier_free_guidance_at_its_scale(color):
+    x = torch.rand(4, 3, 8, 8)
+    red = color.condition(color="red")
+    color.sampling_defaults = SamplingDefaults(SamplerConfig(steps=3), guidance_scale=3.0)
+    assert composed(red) is red  # by default a model on its own is sampled as written
+    color.sampling_defaults = SamplingDefaults(SamplerConfig(steps=3), guidance_scale=3.0, guided_alone=True)
+    alone = composed(red)
+    assert isinstance(alone, Guided) and alone.scales == (3.0,)
+    null = color(x, {"color": torch.full((4,), NULL)})
+    torch.testing.assert_close(alone(x), null + 3.0 * (red(x) - null))
+    assert composed(red, "plain") is red
+    torch.testing.assert_close(red.sample(2, seed=1), guided(red, lambda t: 3.0).sample(2, seed=1))
+    flat = color.sampling_defaults.to_flat()
+    assert flat["guided_alone"] is True and SamplingDefaults.from_flat(flat) == color.sampling_defaults
+    assert "guided_alone" not in SamplingDefaults().to_flat()  # configs written before the setting stay as they were
+    with pytest.raises(InvalidInputError, match="guided_alone must be true or false, got 'yes'"):
+        SamplingDefaults.from_flat({**flat, "guided_alone": "yes"})
+
+
 def test_a_model_without_a_null_condition_refuses_to_be_sampled_unbound_or_guided():
     plain = model("color", "color", ("red", "green", "blue"), null=False)
     with pytest.raises(InvalidInputError, match=r"without a null condition.*color\[color=\.\.\.\]"):

@@ -5,7 +5,7 @@ knows about its place in a composite: its guidance scale and which of its attrib
 unchanged. The pipeline (`composable_ebm.pipeline`) reads it; no energy carries it.
 
 On disk (``config.json``'s ``"sampler"`` key) and in a recipe's ``[sampling]`` table it is one flat table: the
-`SamplerConfig` fields with ``guidance_scale`` and ``augment_preserves`` beside them.
+`SamplerConfig` fields with ``guidance_scale``, ``guided_alone`` and ``augment_preserves`` beside them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from composable_ebm.configs import check_range, config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling.transitions import SamplerConfig
 
-_OWN = ("guidance_scale", "augment_preserves")
+_OWN = ("guidance_scale", "augment_preserves", "guided_alone")
 
 
 @dataclass(frozen=True)
@@ -30,16 +30,21 @@ class SamplingDefaults:
     """the chain settings the model was trained for"""
     guidance_scale: float = 1.0
     """in a guided composite the model's term ``E(x | c) - E(x | 0)`` is multiplied by this on top of the weight
-    written in the expression (classifier-free guidance's scale); no effect on anything else"""
+    written in the expression (classifier-free guidance's scale); alone, only with `guided_alone`"""
     augment_preserves: tuple[str, ...] | None = None
     """which of the model's attributes ``sampler.augment`` leaves unchanged; a composite keeps an augmentation only
     when every term's bound attributes are among its model's. None: not recorded, so a composite with this model
     runs no augmentation"""
+    guided_alone: bool = False
+    """the model conditioned on its own is sampled in the guided form too, ``E(x | 0) + s (E(x | c) - E(x | 0))``
+    with ``s`` its guidance scale (classifier-free guidance), where ``form="auto"``; False: as written"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.sampler, SamplerConfig):
             raise InvalidInputError(f"SamplingDefaults.sampler must be a SamplerConfig, got {type(self.sampler).__name__}")
         check_range("SamplingDefaults", "guidance_scale", self.guidance_scale, 0.0, 100.0, low_open=True)
+        if not isinstance(self.guided_alone, bool):
+            raise InvalidInputError(f"guided_alone must be true or false, got {self.guided_alone!r}")
         kept = self.augment_preserves
         if kept is not None:
             if isinstance(kept, str) or not all(isinstance(a, str) for a in kept):
@@ -49,7 +54,8 @@ class SamplingDefaults:
     def to_flat(self) -> dict[str, Any]:
         """The flat table of ``config.json`` and recipes: the sampler's fields, then this record's own."""
         return {**config_to_dict(self.sampler), "guidance_scale": self.guidance_scale,
-                "augment_preserves": list(self.augment_preserves) if self.augment_preserves is not None else None}
+                "augment_preserves": list(self.augment_preserves) if self.augment_preserves is not None else None,
+                **({"guided_alone": True} if self.guided_alone else {})}
 
     @classmethod
     def from_flat(cls, table: Mapping[str, Any]) -> SamplingDefaults:
@@ -61,7 +67,7 @@ class SamplingDefaults:
         guidance = own.get("guidance_scale", 1.0)
         if isinstance(guidance, bool) or not isinstance(guidance, (int, float)):
             raise InvalidInputError(f"guidance_scale must be a number, got {guidance!r}")
-        return cls(sampler, float(guidance), own.get("augment_preserves"))
+        return cls(sampler, float(guidance), own.get("augment_preserves"), own.get("guided_alone", False))
 
     def replace(self, **changes: Any) -> SamplingDefaults:
         """A copy with ``changes`` applied: this record's fields, or any `SamplerConfig` field."""
