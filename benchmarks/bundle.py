@@ -84,6 +84,12 @@ def classifier_card() -> None:
     print("card of shapes-classifier")
 
 
+def recipe_of(name: str) -> Path:
+    """The recipe a bundled model was made with (the last stage's, for a model made in two)."""
+    attribute = name.removeprefix("shapes-")
+    return ROOT / "recipes" / (FINE_TUNED[attribute] if attribute in FINE_TUNED else f"{name}.toml")
+
+
 def sync_cards() -> None:
     """Write each card's recipe and config blocks again from the recipes and config.json as they stand, then copy
     ``model_cards/NAME.md`` to the bundled folder's README.md: the measured text of a card stays its own."""
@@ -93,10 +99,7 @@ def sync_cards() -> None:
     for card_path in sorted(CARDS_DIR.glob("*.md")):
         name = card_path.stem
         folder = BUNDLED_DIR / name
-        attribute = name.removeprefix("shapes-")
-        recipe = None
-        if attribute in ATTRIBUTES:
-            recipe = recipe_text(ROOT / "recipes" / FINE_TUNED.get(attribute, f"shapes-{attribute}.toml"))
+        recipe = None if name.endswith("-classifier") else recipe_text(recipe_of(name))
         card = refresh_card(card_path.read_text(), recipe, read_config(folder)["config"])
         card_path.write_text(card)
         (folder / "README.md").write_text(card)

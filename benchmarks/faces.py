@@ -1,6 +1,6 @@
 """Faces attribute models over the whole table: each model alone, every conjunction, negation and OR.
 
-    python -m benchmarks.faces --models runs --classifier runs/faces-classifier [--n 64] [--label trained]
+    python -m benchmarks.faces [--models bundled] [--classifier faces-classifier] [--n 64] [--label bundled]
 
 On two cores, as two one-thread shards and a merge::
 
@@ -23,6 +23,11 @@ reads the samples with the faces classifier:
   of each colour.
 
 Contact sheets put samples beside renders of the same row; the table goes into docs/benchmarks.md.
+
+A guidance screen measures the guided conjunctions alone, with the guidance scales given instead of the models'
+own (``--scales smiling=1,glasses=1,hat=1``), and writes a short table::
+
+    python -m benchmarks.faces --only guided --scales smiling=1,glasses=1,hat=1 --label scale1
 """
 
 from __future__ import annotations
@@ -40,9 +45,11 @@ from safetensors.torch import load_file, save_file
 from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid
 from composable_ebm.data import FACES_ATTRIBUTES, faces
+from composable_ebm.energy import guided
 from composable_ebm.evaluation.conditional import max_deviation, value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.expression import parse_expression
+from composable_ebm.pipeline import guidance_scale
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTES = ("smiling", "glasses", "hat", "hair")
@@ -99,13 +106,19 @@ def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> to
     return _hits(labels, want).all(dim=0)
 
 
-def measure(job: dict, models_dir: str, classifier, data, fresh, n: int) -> tuple[dict, torch.Tensor]:
-    """One row: its scores and its first samples (for the sheets)."""
+def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
+            scales: dict[str, float] | None = None) -> tuple[dict, torch.Tensor]:
+    """One row: its scores and its first samples (for the sheets). ``scales`` (attribute -> guidance scale) replaces
+    the models' own guidance scales in a guided row."""
 
     def loader(name: str):
         return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"))
 
-    energy = parse_expression(job["expression"], loader)
+    if scales and job["form"] == "guided":
+        inner = parse_expression(job["expression"].removeprefix("guided(").removesuffix(")"), loader)
+        energy = guided(inner, lambda t: scales.get(next(iter(t.bound)), guidance_scale(t)))
+    else:
+        energy = parse_expression(job["expression"], loader)
     samples = energy.sample(n, seed=job["index"], form=job["form"])
     read = classifier.predict(samples)
     hits = _hits(read, job["want"])
@@ -158,10 +171,12 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
         f"## Faces models ({label})", "",
         f"`python -m benchmarks.faces --models {models} --n {n} --label {label}` (as shards and `--merge`) on"
         f" {machine()}, {minutes:.0f} CPU-minutes. Every row is {n} samples drawn as a user draws them, read by the"
-        " faces classifier; FID ratio in the classifier's features against fresh renders of what the row asks for"
-        " (over the floor of as many fresh renders); HF ratio: high-frequency energy over the renders'.", "",
+        " faces classifier (a model whose settings say `guided_alone` is drawn guided on its own too); FID ratio in"
+        " the classifier's features against fresh renders of what the row asks for (over the floor of as many fresh"
+        " renders; it grows with the number of samples, so compare tables of one `--n`); HF ratio: high-frequency"
+        " energy over the renders'.", "",
         "**Each model alone** (targets: every value >= 0.95, gaps <= 0.10, median FID ratio <= 3, worst <= 6, HF"
-        f" ratio <= 1.5): median FID ratio **{fid[len(fid) // 2]:.1f}** (worst {fid[-1]:.1f}); accuracy mean"
+        f" ratio <= 1.5): median FID ratio **{statistics.median(fid):.1f}** (worst {fid[-1]:.1f}); accuracy mean"
         f" {_mean([r['joint'] for r in alone]):.3f} (worst {min(r['joint'] for r in alone):.3f}).", "",
         "| model | value | accuracy | FID ratio | HF ratio | largest gap (other attributes) |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -216,21 +231,56 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
     return "\n".join(lines)
 
 
+def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: str, scales: str | None) -> str:
+    """The short section of a screen over the guided conjunctions."""
+    lines = [f"## Faces guidance screen ({label})", "",
+             f"`python -m benchmarks.faces --models {models} --only guided --n {n} --label {label}"
+             + (f" --scales {scales}`" if scales else "`") + f" on {machine()}, {minutes:.0f} CPU-minutes"
+             + (" (guidance scales given instead of the models' own)" if scales else " (the models' own guidance scales)")
+             + ":", "",
+             "| attributes | composites | mean joint | worst | median FID ratio | held-out triple joint | its FID ratio |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for arity in (2, 3):
+        group = [r for r in rows if r["kind"] == "conjunction" and r["arity"] == arity]
+        held = [r for r in group if r["held_out"]]
+        lines.append(f"| {arity} | {len(group)} | {_mean([r['joint'] for r in group]):.3f} |"
+                     f" {min(r['joint'] for r in group):.3f} | {statistics.median(r['fid_ratio'] for r in group):.1f} |"
+                     + (f" {held[0]['joint']:.3f} | {held[0]['fid_ratio']:.1f} |" if held else " - | - |"))
+    return "\n".join(lines)
+
+
+def _scales(text: str | None) -> dict[str, float] | None:
+    if text is None:
+        return None
+    out = {}
+    for item in text.split(","):
+        attribute, _, value = item.partition("=")
+        if attribute not in COMPOSED or not value.replace(".", "", 1).isdigit():
+            raise SystemExit(f"--scales {text!r}: write ATTRIBUTE=SCALE,... with ATTRIBUTE one of {list(COMPOSED)}")
+        out[attribute] = float(value)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=str(ROOT / "runs"),
-                        help="a folder of faces-<attribute>/model runs, or 'bundled'")
-    parser.add_argument("--classifier", default=str(ROOT / "runs" / "faces-classifier"))
+    parser.add_argument("--models", default="bundled", help="'bundled', or a folder of faces-<attribute>/model runs")
+    parser.add_argument("--classifier", default="faces-classifier", help="a folder or a bundled name")
     parser.add_argument("--n", type=int, default=64, help="samples per row")
-    parser.add_argument("--label", default="trained")
+    parser.add_argument("--label", default="bundled")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "faces-table")
     parser.add_argument("--shard", default="0/1", help="I/K: measure every K-th row from the I-th")
     parser.add_argument("--merge", type=int, default=None, metavar="K", help="merge K shards and write the report")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--only", choices=["guided"], default=None,
+                        help="a screen: only the guided conjunctions, reported in a short table")
+    parser.add_argument("--scales", default=None, metavar="ATTRIBUTE=SCALE,...",
+                        help="guidance scales that replace the models' own in guided rows")
     args = parser.parse_args()
+    scales = _scales(args.scales)
     if args.threads:
         torch.set_num_threads(args.threads)
     fresh = faces(4000, seed=1, size=16)  # renders no model saw: the floor, the real side of realism, the sheets
+    todo = [j for j in jobs() if args.only is None or (j["kind"] == "conjunction" and j["form"] == args.only)]
     if args.merge:
         rows, samples, minutes = [], {}, 0.0
         for i in range(args.merge):
@@ -240,10 +290,15 @@ def main() -> None:
             minutes += part["minutes"]
             samples.update(load_file(str(tensors)))
         rows.sort(key=lambda r: r["index"])
-        if [r["index"] for r in rows] != list(range(len(jobs()))):
-            raise SystemExit(f"the {args.merge} shards hold {len(rows)} of {len(jobs())} rows; run every shard first")
-        text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, part["models"])
-        write_section(f"faces-{args.label}", text)
+        if [r["index"] for r in rows] != [j["index"] for j in todo]:
+            raise SystemExit(f"the {args.merge} shards hold {len(rows)} of {len(todo)} rows; run every shard first")
+        if args.only is not None:
+            scales_text = part.get("scales") or args.scales
+            text = screen_report(rows, args.label, rows[0]["n"], minutes, part["models"], scales_text)
+            write_section(f"faces-screen-{args.label}", text)
+        else:
+            text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, part["models"])
+            write_section(f"faces-{args.label}", text)
         print(text)
         return
     index, _, count = args.shard.partition("/")
@@ -252,8 +307,8 @@ def main() -> None:
     classifier = load(args.classifier)
     data = faces(20000, seed=0, size=16)  # the training renders, held-out faces included: the reference set
     rows, samples = [], {}
-    for job in jobs()[shard[0]::shard[1]]:
-        row, first = measure(job, args.models, classifier, data, fresh, args.n)
+    for job in todo[shard[0]::shard[1]]:
+        row, first = measure(job, args.models, classifier, data, fresh, args.n, scales)
         rows.append(row)
         samples[str(job["index"])] = first.contiguous()
         print(json.dumps({k: row[k] for k in ("index", "expression", "joint", "fid_ratio")}), flush=True)
@@ -261,7 +316,14 @@ def main() -> None:
     table, tensors = _paths(args.out, args.label, shard)
     save_file(samples, str(tensors))
     minutes = (time.perf_counter() - start) / 60
-    table.write_text(json.dumps({"rows": rows, "minutes": minutes, "models": args.models}, indent=1))
+    table.write_text(json.dumps({"rows": rows, "minutes": minutes, "models": args.models, "scales": args.scales},
+                                indent=1))
+    if args.only is not None:
+        if shard[1] == 1:
+            text = screen_report(rows, args.label, args.n, minutes, args.models, args.scales)
+            write_section(f"faces-screen-{args.label}", text)
+            print(text)
+        return
     if shard[1] == 1:
         text = report(rows, samples, fresh, args.label, args.n, minutes, args.models)
         write_section(f"faces-{args.label}", text)

@@ -37,8 +37,8 @@ from composable_ebm.training import Trainer
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = {"shapes-shape": "shapes-shape.toml", "shapes-color": "shapes-color-palette.toml",
            "shapes-size": "shapes-size.toml", "shapes-position": "shapes-position.toml",
-           "diffusion/shapes-shape": "diffusion/shapes-shape.toml", "diffusion/faces-smiling": "diffusion/faces-smiling.toml"}
-CD_RECIPES = [name for name in SHIPPED if not name.startswith("diffusion/")]
+           "diffusion/shapes-shape": "diffusion/shapes-shape.toml", "faces-smiling": "faces-smiling.toml"}
+CD_RECIPES = [name for name in SHIPPED if name.startswith("shapes-")]
 
 
 def _labels(model, batch: int, device: torch.device) -> dict[str, torch.Tensor]:

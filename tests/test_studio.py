@@ -115,6 +115,13 @@ def test_generate_samples_the_expression_and_reads_it(tmp_path):
     assert "1 x 60 steps, step size 20" in summary and "(60 steps in all)" in summary
 
 
+def test_faces_composites_are_read_by_the_bundled_faces_classifier(tmp_path):
+    made = studio.generate(studio.ModelCache("cpu"), "faces-smiling[smiling=yes] + faces-hat[hat=yes]", n=2, seed=0,
+                           out_dir=tmp_path)
+    assert made.classifier == "faces-classifier" and made.samples.shape == (2, 3, 16, 16)
+    assert all({"smiling", "hat"} <= {a for a, _, _ in r.values} for r in made.readings)
+
+
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(n=0), "number of samples"), (dict(seed=-1), "seed"), (dict(steps="1.5"), "steps must be a whole number"),
     (dict(step_size="fast"), "step size must be a number"), (dict(expression="shapes-colour[color=red]"), "shapes-colour"),

@@ -1,0 +1,197 @@
+"""Copy trained faces runs and the faces classifier into the package (``composable_ebm/bundled``) with model cards
+that carry their measured quality.
+
+    python -m benchmarks.bundle_faces --run smiling=runs/faces-smiling@"2-core CPU, one thread" ... \
+        [--stage smiling=runs/gpu/faces-smiling@"one H200 GPU"] --classifier runs/faces-classifier --table bundled
+
+``--run ATTRIBUTE=RUN@DEVICE`` names each of smiling, glasses, hat and hair's run (``cebm train --out RUN``: its
+``model/`` and its log) and where it trained. A model made in two stages (trained, then fine-tuned with ``cebm train
+--init``) names its first run with ``--stage``: the card gives both. Each model's ``[sampling]`` settings are its
+recipe's as they stand (``recipes/faces-<attribute>.toml``, its guidance scale). The cards give the rows of
+``python -m benchmarks.faces --models bundled --label TABLE`` (its shards in ``runs/faces-table``); before that
+table exists they say nothing measured, so bundle, measure, then bundle again. Writes each card into
+``model_cards/`` and into the model's folder (tests/test_bundled.py checks that they agree); ``python -m
+benchmarks.bundle --sync-cards`` refreshes their recipe and config blocks after an edit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks.bundle import CARDS_DIR, _training_minutes
+from benchmarks.faces import ATTRIBUTES, HELD_OUT
+from composable_ebm.data import FACES_ATTRIBUTES, faces
+from composable_ebm.data.faces import GENERATOR
+from composable_ebm.model_cards import model_card, recipe_text
+from composable_ebm.persistence import BUNDLED_DIR, load_model, save_model
+from composable_ebm.recipes import load_recipe
+from composable_ebm.sampling.transitions import PRECISIONS
+from composable_ebm.training import read_log
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSIFIER = "faces-classifier"
+
+
+def _steps(run: Path) -> int:
+    return max(r["step"] for r in read_log(run) if "step" in r)
+
+
+def _stage(run: Path, device: str, precision: str | None) -> str:
+    return (f"{_steps(run)} iterations on {device}" + (f" in {precision}" if precision else "")
+            + f", about {_training_minutes(run):.0f} minutes")
+
+
+def _table(label: str) -> list[dict]:
+    rows = []
+    for path in sorted((ROOT / "runs" / "faces-table").glob(f"faces-{label}-shard*.json")):
+        rows += json.loads(path.read_text())["rows"]
+    if not rows:
+        print(f"no rows of `python -m benchmarks.faces --label {label}` in runs/faces-table: cards without them")
+    return sorted(rows, key=lambda r: r["index"])
+
+
+def _runs(items: list[str], flag: str) -> dict[str, tuple[Path, str, str | None]]:
+    """``ATTRIBUTE=RUN@DEVICE[@PRECISION]`` -> {attribute: (run, device, precision or None: the recipe's)}."""
+    out = {}
+    for item in items:
+        attribute, _, rest = item.partition("=")
+        run, _, where = rest.partition("@")
+        device, _, precision = where.partition("@")
+        if attribute not in ATTRIBUTES or not run or not device or precision not in ("", *PRECISIONS):
+            raise SystemExit(f"{flag} {item!r}: write ATTRIBUTE=RUN@DEVICE[@PRECISION] with ATTRIBUTE one of"
+                             f" {list(ATTRIBUTES)} and PRECISION one of {list(PRECISIONS)}")
+        out[attribute] = (Path(run), device, precision or None)
+    return out
+
+
+def _command(name: str, run: str, steps: int, precision: str | None, init: str | None = None) -> str:
+    return (f"cebm train recipes/{name}.toml --out {run}" + (f" --init {init}" if init else "") + f" --steps {steps}"
+            + (f" --precision {precision}" if precision else ""))
+
+
+def _quality(attribute: str, rows: list[dict], classifier_name: str) -> list[str]:
+    """The card's measured section: the model alone per value, and the composites that name its attribute."""
+    alone = [r for r in rows if r["kind"] == "alone" and attribute in r["want"]]
+    if not alone:
+        return ["## Measured quality", "", "Not measured yet (`python -m benchmarks.faces --models bundled`)."]
+    n = alone[0]["n"]
+    lines = ["## Measured quality", "",
+             f"`python -m benchmarks.faces` ({n} samples per row with the model's own sampler settings, read by"
+             f" `{classifier_name}`). FID ratio: FID in the classifier's features against fresh renders of the value,"
+             " over the floor of as many fresh renders (1 = as close as real images); HF ratio: high-frequency energy"
+             " over the renders'; gap: the largest difference between the samples' and the data's mix of another"
+             " attribute.", "",
+             "| value | accuracy | FID ratio | HF ratio | largest gap (other attributes) |", "| --- | --- | --- | --- | --- |"]
+    for r in alone:
+        (value,) = r["want"][attribute]
+        worst = max(r["gaps"], key=r["gaps"].get)
+        lines.append(f"| {value} | {r['joint']:.3f} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |"
+                     f" {worst} {r['gaps'][worst]:.2f} |")
+    named = [r for r in rows if r["kind"] == "conjunction" and attribute in r["target"]]
+    if named:
+        lines += ["", "Every conjunction with the other faces models that names this model's attribute:", ""]
+        for form in ("guided", "plain"):
+            for arity in (2, 3):
+                joint = [r["joint"] for r in named if r["form"] == form and r["arity"] == arity]
+                if joint:
+                    lines.append(f"- {form}, {arity} attributes: {len(joint)} composites, mean joint accuracy"
+                                 f" {statistics.mean(joint):.3f}, worst {min(joint):.3f}")
+        held = {r["form"]: r["joint"] for r in named if r["target"] == HELD_OUT}
+        if held:
+            lines.append("- the held-out triple `smiling + glasses + hat`: "
+                         + ", ".join(f"{form} {joint:.3f}" for form, joint in sorted(held.items())))
+    return lines
+
+
+def bundle_classifier(source: Path) -> None:
+    """Copy the faces classifier under its short name with a card giving its accuracy on fresh renders."""
+    classifier = load_model(source)
+    classifier.config = dataclasses.replace(classifier.config, name=CLASSIFIER)
+    data = faces(2000, seed=123, size=classifier.config.image_size)  # renders no model or classifier saw
+    pred = classifier.predict(data.images.float() / 255)
+    accuracy = {a: float((pred[a] == data.labels[a]).float().mean()) for a in data.labels}
+    notes = "\n".join([
+        "## What it is for", "",
+        f"Reads the four attributes of a 16x16 face of the faces dataset ({GENERATOR}); `benchmarks/faces.py` scores"
+        " samples and compositions with it, its penultimate features are the space of their FID ratio, and the studio"
+        " reads the faces models' samples with it. It reads only what it was trained on: clean renders. Artefacts in"
+        " samples can still be read as an attribute, so look at the samples too.", "",
+        "## Measured quality", "",
+        "Accuracy on 2,000 fresh renders (`faces(2000, seed=123)`, every combination; `python -m"
+        " benchmarks.bundle_faces`):", "",
+        "| attribute | accuracy |", "| --- | --- |",
+        *(f"| {a} | {v:.3f} |" for a, v in accuracy.items()),
+    ])
+    evals = [{"task": "image-classification", "dataset": "faces", "metric": "accuracy", "value": round(v, 3),
+              "name": f"{a} accuracy"} for a, v in accuracy.items()]
+    card = model_card(classifier, notes=notes, location=CLASSIFIER, license="mit", metrics=["accuracy"],
+                      eval_results=evals)
+    save_model(classifier, BUNDLED_DIR / CLASSIFIER, card=card)
+    CARDS_DIR.mkdir(exist_ok=True)
+    (CARDS_DIR / f"{CLASSIFIER}.md").write_text(card)
+    print(f"bundled {CLASSIFIER}: " + ", ".join(f"{a} {v:.3f}" for a, v in accuracy.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", action="append", default=[], metavar="ATTRIBUTE=RUN@DEVICE",
+                        help="each model's run (cebm train --out RUN) and where it trained")
+    parser.add_argument("--stage", action="append", default=[], metavar="ATTRIBUTE=RUN@DEVICE",
+                        help="the first stage of a model fine-tuned from it (cebm train --init RUN/model)")
+    parser.add_argument("--table", default="bundled", help="the --label of the benchmarks.faces run that measured them")
+    parser.add_argument("--classifier", type=Path, default=ROOT / "runs" / "faces-classifier")
+    args = parser.parse_args()
+    runs, stages = _runs(args.run, "--run"), _runs(args.stage, "--stage")
+    if set(runs) != set(ATTRIBUTES):
+        raise SystemExit(f"give --run for each of {list(ATTRIBUTES)}")
+    rows = _table(args.table)
+    bundle_classifier(args.classifier)
+    for attribute in ATTRIBUTES:
+        name = f"faces-{attribute}"
+        run, device, precision = runs[attribute]
+        model = load_model(run / "model")
+        recipe = ROOT / "recipes" / f"{name}.toml"
+        spec = load_recipe(recipe)
+        model.sampling_defaults = spec.sampling  # the recipe's [sampling] as it stands (its guidance scale)
+        scale = spec.sampling.guidance_scale
+        steps = _steps(run) + (_steps(stages[attribute][0]) if attribute in stages else 0)
+        if attribute in stages:
+            first, first_device, first_precision = stages[attribute]
+            trained = (f"Trained in two stages: {_stage(first, first_device, first_precision)} (`cebm train`), then"
+                       f" {_stage(run, device, precision)} from those weights (`cebm train --init`, a fresh optimiser).")
+            reproduce = [_command(name, f"runs/{name}-first", _steps(first), first_precision),
+                         _command(name, f"runs/{name}", _steps(run), precision, init=f"runs/{name}-first/model")]
+        else:
+            trained = f"Trained for {_stage(run, device, precision)}."
+            reproduce = [_command(name, f"runs/{name}", _steps(run), precision)]
+        values = ", ".join(FACES_ATTRIBUTES[attribute])
+        notes = "\n".join([
+            "## Data and limitations", "",
+            f"Trained on the faces dataset (`cebm data faces`: {GENERATOR}), 16x16, 20,000 renders with every smiling"
+            f" face that wears glasses and a hat held out; conditioned on `{attribute}` ({values}). A noise-conditioned"
+            " energy (docs/diffusion.md): sampled down a ladder of noise levels. Label dropout trained its"
+            " unconditional energy, so sums with the other faces models sample in the guided form by default."
+            f" Its guidance scale is {scale:g} (`[sampling] guidance_scale`): in a guided composite its term pulls"
+            f" {scale:g} times as hard as the weight written in the expression"
+            + (", and on its own it is sampled guided too (`guided_alone`: classifier-free guidance at that scale)."
+               if spec.sampling.guided_alone else "."), "",
+            trained + " Small, briefly trained models: check the accuracies below before relying on a combination.",
+            "", "## Reproduce", "", "```bash", *reproduce, "```", "",
+            *_quality(attribute, rows, CLASSIFIER),
+        ])
+        evals = [{"task": "unconditional-image-generation", "dataset": "faces", "metric": "accuracy",
+                  "value": round(r["joint"], 3), "name": f"{r['want'][attribute][0]} read right by {CLASSIFIER}"}
+                 for r in rows if r["kind"] == "alone" and attribute in r["want"]]
+        card = model_card(model, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=steps, notes=notes,
+                          metrics=["accuracy"], location=name, license="mit", datasets=None, eval_results=evals)
+        (CARDS_DIR / f"{name}.md").write_text(card)
+        save_model(model, BUNDLED_DIR / name, card=card)
+        print(f"bundled {name}")
+
+
+if __name__ == "__main__":
+    main()
