@@ -3,8 +3,9 @@
     PYTHONPATH=. python docs/make_figures.py            # all figures (about 10 minutes on 2 CPU cores)
     PYTHONPATH=. python docs/make_figures.py --skip-training
 
-Writes ``docs/images/op_*.png`` (one per algebra operator), ``docs/images/red_large_circles.png`` (the
-README's main job: 16 samples, seed 0), ``docs/images/chain.png`` (a chain from noise to red large
+Writes ``docs/images/op_*.png`` (one per algebra operator), ``docs/images/faces_smiling_glasses_hat.png`` (the
+README's main job: 16 samples, seed 0), ``docs/images/red_large_circles.png`` (its Shapes counterpart),
+``docs/images/chain.png`` (a chain from noise to red large
 circles) and ``docs/images/health_*.png`` (training health of the shape recipe, with and without the KL
 loss, from runs written under ``runs/docs``). Every 16-pixel sample is shown 64 pixels wide.
 """
@@ -32,7 +33,8 @@ OPERATORS = {
     "disjunction": ("red | blue", lambda m: m["red"] | m["blue"]),
     "condition": ("shape.condition(shape='circle')", lambda m: m["circle"]),
 }
-README_EXPRESSION = "shapes-color[color=red] + shapes-shape[shape=circle] + shapes-size[size=large]"
+README_EXPRESSION = "faces-smiling[smiling=yes] + faces-glasses[glasses=yes] + faces-hat[hat=yes]"
+SHAPES_EXPRESSION = "shapes-color[color=red] + shapes-shape[shape=circle] + shapes-size[size=large]"
 
 
 def algebra_figures() -> None:
@@ -50,7 +52,10 @@ def algebra_figures() -> None:
     rows = [(m["circle"] / t).sample(8, seed=0) for t in (0.5, 1.0, 2.0)]
     save_image_grid(torch.cat(rows), IMAGES / "op_temperature.png", nrow=8)
     print("op_temperature.png: circle / 0.5, circle, circle / 2", flush=True)
-    readme = parse_expression(README_EXPRESSION, cebm.load)
+    faces = parse_expression(README_EXPRESSION, cebm.load)
+    save_image_grid(faces.sample(16, seed=0), IMAGES / "faces_smiling_glasses_hat.png")  # what `cebm compose` writes
+    print("faces_smiling_glasses_hat.png", flush=True)
+    readme = parse_expression(SHAPES_EXPRESSION, cebm.load)
     save_image_grid(readme.sample(16, seed=0), IMAGES / "red_large_circles.png")  # what `cebm compose ... --seed 0` writes
     print("red_large_circles.png", flush=True)
     result = readme.sample_chain(8, seed=0, keep_every=10)
