@@ -55,29 +55,40 @@ def _stages(old_card: str) -> tuple[int, float, int | None, float | None]:
     return steps, float(re.search(r"in about (\d+) minutes", old_card).group(1)), None, None
 
 
+def classifier_card_text(classifier, images, labels: dict, dataset: str, about: str, measured_on: str,
+                         location: str) -> tuple[str, dict[str, float]]:
+    """A bundled classifier's card (what it is for, how to use it, its accuracy on ``images``, fresh renders in
+    [0, 1]) and that accuracy per attribute."""
+    pred = classifier.predict(images)
+    accuracy = {a: float((pred[a] == labels[a]).float().mean()) for a in labels}
+    notes = "\n".join([
+        "## What it is for", "", about, "",
+        "## Measured quality", "", measured_on, "",
+        "| attribute | accuracy |", "| --- | --- |",
+        *(f"| {a} | {v:.3f} |" for a, v in accuracy.items()),
+    ])
+    evals = [{"task": "image-classification", "dataset": dataset, "metric": "accuracy", "value": round(v, 3),
+              "name": f"{a} accuracy"} for a, v in accuracy.items()]
+    card = model_card(classifier, notes=notes, location=location, license="mit", metrics=["accuracy"],
+                      eval_results=evals)
+    return card, accuracy
+
+
 def classifier_card() -> None:
     """The bundled classifier's card: what it predicts, how to use it, its accuracy on fresh renders."""
     from composable_ebm.data import shapes
 
     classifier = load_model(BUNDLED_DIR / "shapes-classifier")
     data = shapes(2000, 16, seed=123, split="all")
-    pred = classifier.predict(data.images)
-    accuracy = {a: float((pred[a] == data.labels[a]).float().mean()) for a in data.labels}
-    notes = "\n".join([
-        "## What it is for", "",
+    about = "\n".join([
         "Reads the four attributes of a 16x16 Shapes image; the benchmarks score samples and compositions with it,",
         "and its penultimate features are the space of their FID ratio. It reads only what it was trained on:",
         "clean renders. Artefacts in samples (speckle, stripes) can still be read as an attribute, so look at the",
-        "samples too (the benchmarks put contact sheets beside every table).", "",
-        "## Measured quality", "",
-        "Accuracy on 2,000 fresh renders (every combination, seed 123; `python -m benchmarks.bundle --cards-only`):", "",
-        "| attribute | accuracy |", "| --- | --- |",
-        *(f"| {a} | {v:.3f} |" for a, v in accuracy.items()),
-    ])
-    evals = [{"task": "image-classification", "dataset": "shapes", "metric": "accuracy", "value": round(v, 3),
-              "name": f"{a} accuracy"} for a, v in accuracy.items()]
-    card = model_card(classifier, notes=notes, location="shapes-classifier", license="mit", metrics=["accuracy"],
-                      eval_results=evals)
+        "samples too (the benchmarks put contact sheets beside every table)."])
+    card, _ = classifier_card_text(
+        classifier, data.images, data.labels, "shapes", about,
+        "Accuracy on 2,000 fresh renders (every combination, seed 123; `python -m benchmarks.bundle --cards-only`):",
+        "shapes-classifier")
     (BUNDLED_DIR / "shapes-classifier" / "README.md").write_text(card)
     CARDS_DIR.mkdir(exist_ok=True)
     (CARDS_DIR / "shapes-classifier.md").write_text(card)

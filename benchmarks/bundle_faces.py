@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.bundle import CARDS_DIR, _training_minutes
+from benchmarks.bundle import CARDS_DIR, _training_minutes, classifier_card_text
 from benchmarks.faces import ATTRIBUTES, HELD_OUT
 from composable_ebm.data import FACES_ATTRIBUTES, faces
 from composable_ebm.data.faces import GENERATOR
@@ -40,8 +40,8 @@ def _steps(run: Path) -> int:
     return max(r["step"] for r in read_log(run) if "step" in r)
 
 
-def _stage(run: Path, device: str, precision: str | None) -> str:
-    return (f"{_steps(run)} iterations on {device}" + (f" in {precision}" if precision else "")
+def _stage(run: Path, steps: int, device: str, precision: str | None) -> str:
+    return (f"{steps} iterations on {device}" + (f" in {precision}" if precision else "")
             + f", about {_training_minutes(run):.0f} minutes")
 
 
@@ -112,24 +112,14 @@ def bundle_classifier(source: Path) -> None:
     classifier = load_model(source)
     classifier.config = dataclasses.replace(classifier.config, name=CLASSIFIER)
     data = faces(2000, seed=123, size=classifier.config.image_size)  # renders no model or classifier saw
-    pred = classifier.predict(data.images.float() / 255)
-    accuracy = {a: float((pred[a] == data.labels[a]).float().mean()) for a in data.labels}
-    notes = "\n".join([
-        "## What it is for", "",
+    card, accuracy = classifier_card_text(
+        classifier, data.images.float() / 255, data.labels, "faces",
         f"Reads the four attributes of a 16x16 face of the faces dataset ({GENERATOR}); `benchmarks/faces.py` scores"
         " samples and compositions with it, its penultimate features are the space of their FID ratio, and the studio"
         " reads the faces models' samples with it. It reads only what it was trained on: clean renders. Artefacts in"
-        " samples can still be read as an attribute, so look at the samples too.", "",
-        "## Measured quality", "",
+        " samples can still be read as an attribute, so look at the samples too.",
         "Accuracy on 2,000 fresh renders (`faces(2000, seed=123)`, every combination; `python -m"
-        " benchmarks.bundle_faces`):", "",
-        "| attribute | accuracy |", "| --- | --- |",
-        *(f"| {a} | {v:.3f} |" for a, v in accuracy.items()),
-    ])
-    evals = [{"task": "image-classification", "dataset": "faces", "metric": "accuracy", "value": round(v, 3),
-              "name": f"{a} accuracy"} for a, v in accuracy.items()]
-    card = model_card(classifier, notes=notes, location=CLASSIFIER, license="mit", metrics=["accuracy"],
-                      eval_results=evals)
+        " benchmarks.bundle_faces`):", CLASSIFIER)
     save_model(classifier, BUNDLED_DIR / CLASSIFIER, card=card)
     CARDS_DIR.mkdir(exist_ok=True)
     (CARDS_DIR / f"{CLASSIFIER}.md").write_text(card)
@@ -158,16 +148,20 @@ def main() -> None:
         spec = load_recipe(recipe)
         model.sampling_defaults = spec.sampling  # the recipe's [sampling] as it stands (its guidance scale)
         scale = spec.sampling.guidance_scale
-        steps = _steps(run) + (_steps(stages[attribute][0]) if attribute in stages else 0)
+        run_steps = _steps(run)
+        steps = run_steps
         if attribute in stages:
             first, first_device, first_precision = stages[attribute]
-            trained = (f"Trained in two stages: {_stage(first, first_device, first_precision)} (`cebm train`), then"
-                       f" {_stage(run, device, precision)} from those weights (`cebm train --init`, a fresh optimiser).")
-            reproduce = [_command(name, f"runs/{name}-first", _steps(first), first_precision),
-                         _command(name, f"runs/{name}", _steps(run), precision, init=f"runs/{name}-first/model")]
+            first_steps = _steps(first)
+            steps += first_steps
+            trained = (f"Trained in two stages: {_stage(first, first_steps, first_device, first_precision)} (`cebm"
+                       f" train`), then {_stage(run, run_steps, device, precision)} from those weights (`cebm train"
+                       " --init`, a fresh optimiser).")
+            reproduce = [_command(name, f"runs/{name}-first", first_steps, first_precision),
+                         _command(name, f"runs/{name}", run_steps, precision, init=f"runs/{name}-first/model")]
         else:
-            trained = f"Trained for {_stage(run, device, precision)}."
-            reproduce = [_command(name, f"runs/{name}", _steps(run), precision)]
+            trained = f"Trained for {_stage(run, run_steps, device, precision)}."
+            reproduce = [_command(name, f"runs/{name}", run_steps, precision)]
         values = ", ".join(FACES_ATTRIBUTES[attribute])
         notes = "\n".join([
             "## Data and limitations", "",

@@ -45,11 +45,10 @@ from safetensors.torch import load_file, save_file
 from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid
 from composable_ebm.data import FACES_ATTRIBUTES, faces
-from composable_ebm.energy import guided
+from composable_ebm.energy import Guided
 from composable_ebm.evaluation.conditional import max_deviation, value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.expression import parse_expression
-from composable_ebm.pipeline import guidance_scale
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTES = ("smiling", "glasses", "hat", "hair")
@@ -114,11 +113,10 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
     def loader(name: str):
         return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"))
 
-    if scales and job["form"] == "guided":
-        inner = parse_expression(job["expression"].removeprefix("guided(").removesuffix(")"), loader)
-        energy = guided(inner, lambda t: scales.get(next(iter(t.bound)), guidance_scale(t)))
-    else:
-        energy = parse_expression(job["expression"], loader)
+    energy = parse_expression(job["expression"], loader)
+    if scales and isinstance(energy, Guided):  # the same terms and weights, the given scales
+        energy = Guided(energy.weights, list(energy.terms),
+                        [scales.get(next(iter(t.bound)), s) for t, s in zip(energy.terms, energy.scales)])
     samples = energy.sample(n, seed=job["index"], form=job["form"])
     read = classifier.predict(samples)
     hits = _hits(read, job["want"])
@@ -249,6 +247,18 @@ def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: 
     return "\n".join(lines)
 
 
+def _write(args, rows: list[dict], samples: dict[str, torch.Tensor], fresh, minutes: float, models: str,
+           scales: str | None) -> None:
+    """The docs section of a whole table (`report`) or of a guidance screen (`screen_report`), printed too."""
+    if args.only is not None:
+        text = screen_report(rows, args.label, rows[0]["n"], minutes, models, scales)
+        write_section(f"faces-screen-{args.label}", text)
+    else:
+        text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, models)
+        write_section(f"faces-{args.label}", text)
+    print(text)
+
+
 def _scales(text: str | None) -> dict[str, float] | None:
     if text is None:
         return None
@@ -292,14 +302,7 @@ def main() -> None:
         rows.sort(key=lambda r: r["index"])
         if [r["index"] for r in rows] != [j["index"] for j in todo]:
             raise SystemExit(f"the {args.merge} shards hold {len(rows)} of {len(todo)} rows; run every shard first")
-        if args.only is not None:
-            scales_text = part.get("scales") or args.scales
-            text = screen_report(rows, args.label, rows[0]["n"], minutes, part["models"], scales_text)
-            write_section(f"faces-screen-{args.label}", text)
-        else:
-            text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, part["models"])
-            write_section(f"faces-{args.label}", text)
-        print(text)
+        _write(args, rows, samples, fresh, minutes, part["models"], part.get("scales") or args.scales)
         return
     index, _, count = args.shard.partition("/")
     shard = (int(index), int(count))
@@ -318,16 +321,8 @@ def main() -> None:
     minutes = (time.perf_counter() - start) / 60
     table.write_text(json.dumps({"rows": rows, "minutes": minutes, "models": args.models, "scales": args.scales},
                                 indent=1))
-    if args.only is not None:
-        if shard[1] == 1:
-            text = screen_report(rows, args.label, args.n, minutes, args.models, args.scales)
-            write_section(f"faces-screen-{args.label}", text)
-            print(text)
-        return
     if shard[1] == 1:
-        text = report(rows, samples, fresh, args.label, args.n, minutes, args.models)
-        write_section(f"faces-{args.label}", text)
-        print(text)
+        _write(args, rows, samples, fresh, minutes, args.models, args.scales)
 
 
 if __name__ == "__main__":
