@@ -28,11 +28,17 @@ A guidance screen measures the guided conjunctions alone, with the guidance scal
 own (``--scales smiling=1,glasses=1,hat=1``), and writes a short table::
 
     python -m benchmarks.faces --only guided --scales smiling=1,glasses=1,hat=1 --label scale1
+
+A sampler screen measures each model alone with another noise ladder (``--levels``: how many levels; ``--steps``:
+transitions at each) than the models' own::
+
+    python -m benchmarks.faces --only alone --levels 30 --n 128 --label levels30
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -49,6 +55,7 @@ from composable_ebm.energy import Guided
 from composable_ebm.evaluation.conditional import max_deviation, value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.expression import parse_expression
+from composable_ebm.pipeline import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTES = ("smiling", "glasses", "hat", "hair")
@@ -106,9 +113,10 @@ def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> to
 
 
 def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
-            scales: dict[str, float] | None = None) -> tuple[dict, torch.Tensor]:
+            scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None) -> tuple[dict, torch.Tensor]:
     """One row: its scores and its first samples (for the sheets). ``scales`` (attribute -> guidance scale) replaces
-    the models' own guidance scales in a guided row."""
+    the models' own guidance scales in a guided row; ``ladder`` (``levels`` and ``steps``) the models' noise ladder's
+    number of levels and transitions at each."""
 
     def loader(name: str):
         return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"))
@@ -117,7 +125,12 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
     if scales and isinstance(energy, Guided):  # the same terms and weights, the given scales
         energy = Guided(energy.weights, list(energy.terms),
                         [scales.get(next(iter(t.bound)), s) for t, s in zip(energy.terms, energy.scales)])
-    samples = energy.sample(n, seed=job["index"], form=job["form"])
+    overrides = {}
+    if ladder:
+        own = plan(energy, job["form"]).config
+        overrides["ladder"] = dataclasses.replace(own.ladder, levels=ladder.get("levels", own.ladder.levels))
+        overrides["steps"] = ladder.get("steps", own.steps)
+    samples = energy.sample(n, seed=job["index"], form=job["form"], **overrides)
     read = classifier.predict(samples)
     hits = _hits(read, job["want"])
     row = {k: job[k] for k in ("index", "kind", "form", "expression", "want") if k in job}
@@ -158,6 +171,18 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def _alone_table(rows: list[dict]) -> list[str]:
+    """The table of each model alone: a line per value."""
+    lines = ["| model | value | accuracy | FID ratio | HF ratio | largest gap (other attributes) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        (a, (v,)), = r["want"].items()
+        worst = max(r["gaps"], key=r["gaps"].get)
+        lines.append(f"| faces-{a} | {v} | {r['joint']:.3f} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |"
+                     f" {worst} {r['gaps'][worst]:.2f} |")
+    return lines
+
+
 def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str, n: int, minutes: float,
            models: str) -> str:
     """The docs section and its contact sheets."""
@@ -176,14 +201,8 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
         "**Each model alone** (targets: every value >= 0.95, gaps <= 0.10, median FID ratio <= 3, worst <= 6, HF"
         f" ratio <= 1.5): median FID ratio **{statistics.median(fid):.1f}** (worst {fid[-1]:.1f}); accuracy mean"
         f" {_mean([r['joint'] for r in alone]):.3f} (worst {min(r['joint'] for r in alone):.3f}).", "",
-        "| model | value | accuracy | FID ratio | HF ratio | largest gap (other attributes) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        *_alone_table(alone),
     ]
-    for r in alone:
-        (a, (v,)), = r["want"].items()
-        worst = max(r["gaps"], key=r["gaps"].get)
-        lines.append(f"| faces-{a} | {v} | {r['joint']:.3f} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |"
-                     f" {worst} {r['gaps'][worst]:.2f} |")
     lines += ["", f"![faces alone, {label}](images/faces-{label}-alone.png)", "",
               "Samples (left) beside fresh renders (right), one row per value: smiling no/yes, glasses no/yes, hat"
               " no/yes, hair blond/brown/dark/red.", "",
@@ -247,10 +266,29 @@ def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: 
     return "\n".join(lines)
 
 
+def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models: str, ladder: dict[str, int]) -> str:
+    """The short section of a screen of each model alone with a given noise ladder."""
+    command = " ".join(["python -m benchmarks.faces --models", models, "--only alone",
+                        *(f"--{k} {v}" for k, v in ladder.items()), f"--n {n} --label {label}"])
+    fid = sorted(r["fid_ratio"] for r in rows)
+    lines = [f"## Faces sampler screen ({label})", "",
+             f"`{command}` on {machine()}, {minutes:.0f} CPU-minutes ("
+             + (", ".join(f"{k} {v}" for k, v in ladder.items()) + " instead of the models' own" if ladder
+                else "the models' own ladder") + f"): median FID ratio **{statistics.median(fid):.1f}** (worst"
+             f" {fid[-1]:.1f}); accuracy mean {_mean([r['joint'] for r in rows]):.3f} (worst"
+             f" {min(r['joint'] for r in rows):.3f}); largest gap {max(max(r['gaps'].values()) for r in rows):.2f}.", "",
+             *_alone_table(rows)]
+    return "\n".join(lines)
+
+
 def _write(args, rows: list[dict], samples: dict[str, torch.Tensor], fresh, minutes: float, models: str,
-           scales: str | None) -> None:
-    """The docs section of a whole table (`report`) or of a guidance screen (`screen_report`), printed too."""
-    if args.only is not None:
+           scales: str | None, ladder: dict[str, int]) -> None:
+    """The docs section of a whole table (`report`), of a guidance screen (`screen_report`) or of a sampler screen
+    (`sampler_report`), printed too."""
+    if args.only == "alone":
+        text = sampler_report(rows, args.label, rows[0]["n"], minutes, models, ladder)
+        write_section(f"faces-screen-{args.label}", text)
+    elif args.only is not None:
         text = screen_report(rows, args.label, rows[0]["n"], minutes, models, scales)
         write_section(f"faces-screen-{args.label}", text)
     else:
@@ -281,16 +319,20 @@ def main() -> None:
     parser.add_argument("--shard", default="0/1", help="I/K: measure every K-th row from the I-th")
     parser.add_argument("--merge", type=int, default=None, metavar="K", help="merge K shards and write the report")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--only", choices=["guided"], default=None,
-                        help="a screen: only the guided conjunctions, reported in a short table")
+    parser.add_argument("--only", choices=["guided", "alone"], default=None,
+                        help="a screen: only the guided conjunctions, or each model alone, reported in a short table")
     parser.add_argument("--scales", default=None, metavar="ATTRIBUTE=SCALE,...",
                         help="guidance scales that replace the models' own in guided rows")
+    parser.add_argument("--levels", type=int, default=None, help="noise levels that replace the models' own")
+    parser.add_argument("--steps", type=int, default=None, help="transitions per level that replace the models' own")
     args = parser.parse_args()
     scales = _scales(args.scales)
+    ladder = {k: v for k, v in (("levels", args.levels), ("steps", args.steps)) if v is not None}
     if args.threads:
         torch.set_num_threads(args.threads)
     fresh = faces(4000, seed=1, size=16)  # renders no model saw: the floor, the real side of realism, the sheets
-    todo = [j for j in jobs() if args.only is None or (j["kind"] == "conjunction" and j["form"] == args.only)]
+    todo = [j for j in jobs() if args.only is None or (args.only == "alone" and j["kind"] == "alone")
+            or (j["kind"] == "conjunction" and j["form"] == args.only)]
     if args.merge:
         rows, samples, minutes = [], {}, 0.0
         for i in range(args.merge):
@@ -302,7 +344,8 @@ def main() -> None:
         rows.sort(key=lambda r: r["index"])
         if [r["index"] for r in rows] != [j["index"] for j in todo]:
             raise SystemExit(f"the {args.merge} shards hold {len(rows)} of {len(todo)} rows; run every shard first")
-        _write(args, rows, samples, fresh, minutes, part["models"], part.get("scales") or args.scales)
+        _write(args, rows, samples, fresh, minutes, part["models"], part.get("scales") or args.scales,
+               part.get("ladder") or ladder)
         return
     index, _, count = args.shard.partition("/")
     shard = (int(index), int(count))
@@ -311,7 +354,7 @@ def main() -> None:
     data = faces(20000, seed=0, size=16)  # the training renders, held-out faces included: the reference set
     rows, samples = [], {}
     for job in todo[shard[0]::shard[1]]:
-        row, first = measure(job, args.models, classifier, data, fresh, args.n, scales)
+        row, first = measure(job, args.models, classifier, data, fresh, args.n, scales, ladder)
         rows.append(row)
         samples[str(job["index"])] = first.contiguous()
         print(json.dumps({k: row[k] for k in ("index", "expression", "joint", "fid_ratio")}), flush=True)
@@ -319,10 +362,10 @@ def main() -> None:
     table, tensors = _paths(args.out, args.label, shard)
     save_file(samples, str(tensors))
     minutes = (time.perf_counter() - start) / 60
-    table.write_text(json.dumps({"rows": rows, "minutes": minutes, "models": args.models, "scales": args.scales},
-                                indent=1))
+    table.write_text(json.dumps({"rows": rows, "minutes": minutes, "models": args.models, "scales": args.scales,
+                                 "ladder": ladder}, indent=1))
     if shard[1] == 1:
-        _write(args, rows, samples, fresh, minutes, args.models, args.scales)
+        _write(args, rows, samples, fresh, minutes, args.models, args.scales, ladder)
 
 
 if __name__ == "__main__":
