@@ -30,7 +30,7 @@ own (``--scales smiling=1,glasses=1,hat=1``), and writes a short table::
     python -m benchmarks.faces --only guided --scales smiling=1,glasses=1,hat=1 --label scale1
 
 A sampler screen measures each model alone with another noise ladder (``--levels``: how many levels; ``--steps``:
-transitions at each) than the models' own::
+transitions at each; ``--first-steps``: transitions at the first level before the descent) than the models' own::
 
     python -m benchmarks.faces --only alone --levels 30 --n 128 --label levels30
 """
@@ -115,8 +115,8 @@ def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> to
 def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
             scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None) -> tuple[dict, torch.Tensor]:
     """One row: its scores and its first samples (for the sheets). ``scales`` (attribute -> guidance scale) replaces
-    the models' own guidance scales in a guided row; ``ladder`` (``levels`` and ``steps``) the models' noise ladder's
-    number of levels and transitions at each."""
+    the models' own guidance scales in a guided row; ``ladder`` (``levels``, ``steps``, ``first_steps``) the models'
+    noise ladder's number of levels, transitions at each and transitions before the descent."""
 
     def loader(name: str):
         return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"))
@@ -128,7 +128,8 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
     overrides = {}
     if ladder:
         own = plan(energy, job["form"]).config
-        overrides["ladder"] = dataclasses.replace(own.ladder, levels=ladder.get("levels", own.ladder.levels))
+        overrides["ladder"] = dataclasses.replace(own.ladder, levels=ladder.get("levels", own.ladder.levels),
+                                                  first_steps=ladder.get("first_steps", own.ladder.first_steps))
         overrides["steps"] = ladder.get("steps", own.steps)
     samples = energy.sample(n, seed=job["index"], form=job["form"], **overrides)
     read = classifier.predict(samples)
@@ -269,11 +270,12 @@ def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: 
 def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models: str, ladder: dict[str, int]) -> str:
     """The short section of a screen of each model alone with a given noise ladder."""
     command = " ".join(["python -m benchmarks.faces --models", models, "--only alone",
-                        *(f"--{k} {v}" for k, v in ladder.items()), f"--n {n} --label {label}"])
+                        *(f"--{k.replace('_', '-')} {v}" for k, v in ladder.items()), f"--n {n} --label {label}"])
     fid = sorted(r["fid_ratio"] for r in rows)
     lines = [f"## Faces sampler screen ({label})", "",
              f"`{command}` on {machine()}, {minutes:.0f} CPU-minutes ("
-             + (", ".join(f"{k} {v}" for k, v in ladder.items()) + " instead of the models' own" if ladder
+             + (", ".join(f"{k.replace('_', ' ')} {v}" for k, v in ladder.items()) + " instead of the models' own"
+                if ladder
                 else "the models' own ladder") + f"): median FID ratio **{statistics.median(fid):.1f}** (worst"
              f" {fid[-1]:.1f}); accuracy mean {_mean([r['joint'] for r in rows]):.3f} (worst"
              f" {min(r['joint'] for r in rows):.3f}); largest gap {max(max(r['gaps'].values()) for r in rows):.2f}.", "",
@@ -325,9 +327,12 @@ def main() -> None:
                         help="guidance scales that replace the models' own in guided rows")
     parser.add_argument("--levels", type=int, default=None, help="noise levels that replace the models' own")
     parser.add_argument("--steps", type=int, default=None, help="transitions per level that replace the models' own")
+    parser.add_argument("--first-steps", type=int, default=None,
+                        help="transitions at the first level before the descent that replace the models' own")
     args = parser.parse_args()
     scales = _scales(args.scales)
-    ladder = {k: v for k, v in (("levels", args.levels), ("steps", args.steps)) if v is not None}
+    ladder = {k: v for k, v in (("levels", args.levels), ("steps", args.steps), ("first_steps", args.first_steps))
+              if v is not None}
     if args.threads:
         torch.set_num_threads(args.threads)
     fresh = faces(4000, seed=1, size=16)  # renders no model saw: the floor, the real side of realism, the sheets

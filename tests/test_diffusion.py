@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 import composable_ebm as cebm
 from composable_ebm.analytic import GaussianEnergy, NoisedGaussianEnergy
 from composable_ebm.cli import app
+from composable_ebm.configs import config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.unet import DenoisingUNetConfig, DenoisingUNetEnergy
 from composable_ebm.pipeline import plan
@@ -67,6 +68,30 @@ def test_the_whole_ladder_ends_at_the_product_at_its_last_level(method):
     assert (result.samples.mean(0) - mean).abs().max() < 0.08
     assert (torch.cov(result.samples.T) - cov).abs().max() < 0.08
     assert result.diagnostics.acceptance.shape == (12 * 25,)
+
+
+def test_first_steps_take_the_chains_from_the_start_noise_to_the_first_levels_distribution():
+    """The chains start from centre-plus-noise, not from the noised product: with no transition at its one level the
+    samples are that start; ``first_steps`` transitions there bring them to the product at that level, and they are
+    counted, summarised and carried through the config's JSON."""
+    mean, cov = product(1.0)
+    ladder = NoiseLadder(levels=1, sigma_min=1.0, sigma_max=1.0, denoise=False)
+    still = sample(A + B, 4000, SamplerConfig(method="mala", noise="exact", steps=0, step_size=0.5, ladder=ladder),
+                   seed=3)
+    assert (still.samples.mean(0) - mean).abs().max() > 0.3  # the start: mean 0, far from the product's
+    cfg = SamplerConfig(method="mala", noise="exact", steps=0, step_size=0.5,
+                        ladder=NoiseLadder(levels=1, sigma_min=1.0, sigma_max=1.0, denoise=False, first_steps=200))
+    moved = sample(A + B, 4000, cfg, seed=3)
+    assert (moved.samples.mean(0) - mean).abs().max() < 0.08
+    assert (torch.cov(moved.samples.T) - cov).abs().max() < 0.08
+    assert moved.diagnostics.acceptance.shape == (200,) and cfg.total_steps == 200
+    assert "200 steps at the first level" in cfg.summary()
+    assert config_from_dict(SamplerConfig, json.loads(json.dumps(config_to_dict(cfg)))) == cfg
+    with pytest.raises(InvalidInputError, match="first_steps must be an integer"):
+        NoiseLadder(first_steps=-1)
+    with pytest.raises(InvalidInputError, match=r"ladder first_steps \+ levels x steps \+ final_steps = 2000000 \+ 30 x 2"
+                                                r" \+ 0 = 2,000,060 Langevin steps; at most 1,048,576"):
+        SamplerConfig(noise="exact", steps=2, ladder=NoiseLadder(first_steps=2_000_000))
 
 
 def test_metropolis_corrections_remove_the_bias_that_a_large_langevin_step_leaves():

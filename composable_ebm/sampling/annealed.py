@@ -62,8 +62,8 @@ def run_ladder(
     *,
     on_step: Callable[[int, ChainState, StepInfo], None] | None = None,
 ) -> Tensor:
-    """Walk ``x`` down ``config.ladder``: ``steps`` transitions per level (``final_steps`` more at the last), then
-    the denoising step and the clamp. Returns the samples."""
+    """Walk ``x`` down ``config.ladder``: ``steps`` transitions per level (the ladder's ``first_steps`` more at the
+    first, ``final_steps`` more at the last), then the denoising step and the clamp. Returns the samples."""
     ladder = config.ladder
     if ladder is None:
         raise ValueError("run_ladder needs a SamplerConfig with a ladder")
@@ -84,7 +84,8 @@ def run_ladder(
         level = AtLevel(energy, sigma)
         at = dataclasses.replace(config, step_size=config.step_size * sigma * sigma, ladder=None, clamp=False)
         state = evaluate(level, x, labels, config.precision)  # type: ignore[arg-type]
-        for _ in range(config.steps + (config.final_steps if i == len(sigmas) - 1 else 0)):
+        extra = (ladder.first_steps if i == 0 else 0) + (config.final_steps if i == len(sigmas) - 1 else 0)
+        for _ in range(config.steps + extra):
             state, info = step_fn(level, state, at, generator, labels)
             done += 1
             if on_step is not None:

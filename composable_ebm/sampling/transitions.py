@@ -63,9 +63,14 @@ class NoiseLadder:
     the chain reaches each level by the transitions alone"""
     denoise: bool = True
     """finish with the posterior-mean step at ``sigma_min``"""
+    first_steps: int = 0
+    """transitions at the first level before the ladder's own ``steps`` there: the chains start from the value
+    range's centre plus noise of std ``sigma_max``, which is the noised data's distribution at that level only when
+    ``sigma_max`` dwarfs the data's spread; these steps let the chains reach it before the descent"""
 
     def __post_init__(self) -> None:
         check_size("NoiseLadder", "levels", self.levels, high=1 << 16)
+        check_size("NoiseLadder", "first_steps", self.first_steps, low=0, high=1 << 24)
         check_range("NoiseLadder", "sigma_min", self.sigma_min, 0.0, low_open=True)
         check_range("NoiseLadder", "sigma_max", self.sigma_max, self.sigma_min, 1e4)
         if self.spacing not in ("geometric", "karras"):
@@ -147,9 +152,11 @@ class SamplerConfig:
                 f"need steps >= 0, rounds >= 1, final_steps >= 0; got {self.steps}, {self.rounds}, {self.final_steps}"
             )
         if self.total_steps > MAX_TOTAL_STEPS:
-            raise InvalidInputError(
-                f"SamplerConfig: rounds x steps + final_steps = {self.rounds} x {self.steps} + {self.final_steps}"
-                f" = {self.total_steps:,} Langevin steps; at most {MAX_TOTAL_STEPS:,}")
+            sum_text = (f"ladder first_steps + levels x steps + final_steps = {self.ladder.first_steps} +"
+                        f" {self.ladder.levels} x {self.steps} + {self.final_steps}" if self.ladder is not None else
+                        f"rounds x steps + final_steps = {self.rounds} x {self.steps} + {self.final_steps}")
+            raise InvalidInputError(f"SamplerConfig: {sum_text} = {self.total_steps:,} Langevin steps; at most"
+                                    f" {MAX_TOTAL_STEPS:,}")
         if not isinstance(self.method, str) or self.method not in SAMPLERS:
             raise InvalidInputError(f"unknown sampler method {self.method!r}; valid choices: {SAMPLERS.names()}")
         if self.precision not in PRECISIONS:
@@ -162,9 +169,10 @@ class SamplerConfig:
         extra = f" + {self.final_steps}" if self.final_steps else ""
         if self.ladder is not None:
             lad = self.ladder
-            return (f"{self.method}, {self.steps} steps{extra} at each of {lad.levels} noise levels ({lad.sigma_max:g}"
-                    f" to {lad.sigma_min:g}, {lad.spacing}), step size {self.step_size:g} x sigma^2, {noise}"
-                    + (", denoised" if lad.denoise else ""))
+            first = f"{lad.first_steps} steps at the first level, then " if lad.first_steps else ""
+            return (f"{self.method}, {first}{self.steps} steps{extra} at each of {lad.levels} noise levels"
+                    f" ({lad.sigma_max:g} to {lad.sigma_min:g}, {lad.spacing}), step size {self.step_size:g} x sigma^2,"
+                    f" {noise}" + (", denoised" if lad.denoise else ""))
         return (f"{self.method}, {self.rounds} x {self.steps} steps{extra}, step size {self.step_size:g}, {noise}"
                 + (", augmented" if self.augment else ""))
 
@@ -174,10 +182,11 @@ class SamplerConfig:
 
     @property
     def total_steps(self) -> int:
-        """Transitions per chain: ``rounds * steps + final_steps``, or with a ladder ``levels * steps +
-        final_steps`` (the final ones at the last level)."""
-        per_pass = self.ladder.levels if self.ladder is not None else self.rounds
-        return per_pass * self.steps + self.final_steps
+        """Transitions per chain: ``rounds * steps + final_steps``, or with a ladder ``first_steps + levels * steps
+        + final_steps`` (the first ones at the first level, the final ones at the last)."""
+        if self.ladder is not None:
+            return self.ladder.first_steps + self.ladder.levels * self.steps + self.final_steps
+        return self.rounds * self.steps + self.final_steps
 
 
 @dataclass
