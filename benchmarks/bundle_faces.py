@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.bundle import CARDS_DIR, _training_minutes, classifier_card_text
-from benchmarks.faces import ATTRIBUTES, HELD_OUT
+from benchmarks.faces import ATTRIBUTES, HELD_OUT, alone_table
 from composable_ebm.data import FACES_ATTRIBUTES, faces
 from composable_ebm.data.faces import GENERATOR
 from composable_ebm.model_cards import model_card, recipe_text
@@ -84,13 +84,7 @@ def _quality(attribute: str, rows: list[dict], classifier_name: str) -> list[str
              f" `{classifier_name}`). FID ratio: FID in the classifier's features against fresh renders of the value,"
              " over the floor of as many fresh renders (1 = as close as real images); HF ratio: high-frequency energy"
              " over the renders'; gap: the largest difference between the samples' and the data's mix of another"
-             " attribute.", "",
-             "| value | accuracy | FID ratio | HF ratio | largest gap (other attributes) |", "| --- | --- | --- | --- | --- |"]
-    for r in alone:
-        (value,) = r["want"][attribute]
-        worst = max(r["gaps"], key=r["gaps"].get)
-        lines.append(f"| {value} | {r['joint']:.3f} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |"
-                     f" {worst} {r['gaps'][worst]:.2f} |")
+             " attribute.", "", *alone_table(alone, model_column=False)]
     named = [r for r in rows if r["kind"] == "conjunction" and attribute in r["target"]]
     if named:
         lines += ["", "Every conjunction with the other faces models that names this model's attribute:", ""]

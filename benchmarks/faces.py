@@ -172,15 +172,16 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _alone_table(rows: list[dict]) -> list[str]:
-    """The table of each model alone: a line per value."""
-    lines = ["| model | value | accuracy | FID ratio | HF ratio | largest gap (other attributes) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+def alone_table(rows: list[dict], model_column: bool = True) -> list[str]:
+    """The table of each model alone: a line per value (a model card's table has no model column)."""
+    head = "| model " if model_column else ""
+    lines = [f"{head}| value | accuracy | FID ratio | HF ratio | largest gap (other attributes) |",
+             "| --- " * (6 if model_column else 5) + "|"]
     for r in rows:
         (a, (v,)), = r["want"].items()
         worst = max(r["gaps"], key=r["gaps"].get)
-        lines.append(f"| faces-{a} | {v} | {r['joint']:.3f} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |"
-                     f" {worst} {r['gaps'][worst]:.2f} |")
+        lines.append((f"| faces-{a} " if model_column else "") + f"| {v} | {r['joint']:.3f} | {r['fid_ratio']:.1f} |"
+                     f" {r['hf_ratio']:.2f} | {worst} {r['gaps'][worst]:.2f} |")
     return lines
 
 
@@ -202,7 +203,7 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
         "**Each model alone** (targets: every value >= 0.95, gaps <= 0.10, median FID ratio <= 3, worst <= 6, HF"
         f" ratio <= 1.5): median FID ratio **{statistics.median(fid):.1f}** (worst {fid[-1]:.1f}); accuracy mean"
         f" {_mean([r['joint'] for r in alone]):.3f} (worst {min(r['joint'] for r in alone):.3f}).", "",
-        *_alone_table(alone),
+        *alone_table(alone),
     ]
     lines += ["", f"![faces alone, {label}](images/faces-{label}-alone.png)", "",
               "Samples (left) beside fresh renders (right), one row per value: smiling no/yes, glasses no/yes, hat"
@@ -279,7 +280,7 @@ def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models:
                 else "the models' own ladder") + f"): median FID ratio **{statistics.median(fid):.1f}** (worst"
              f" {fid[-1]:.1f}); accuracy mean {_mean([r['joint'] for r in rows]):.3f} (worst"
              f" {min(r['joint'] for r in rows):.3f}); largest gap {max(max(r['gaps'].values()) for r in rows):.2f}.", "",
-             *_alone_table(rows)]
+             *alone_table(rows)]
     return "\n".join(lines)
 
 
