@@ -12,11 +12,18 @@ present) it measures:
 
     python -m benchmarks.throughput [--recipes shapes-shape ...] [--batches 24 64 128] [--threads 1 2] [--iters 3]
 
-The table goes into docs/benchmarks.md (section ``throughput``). With ``--precision`` it instead times a training
+The table goes into docs/benchmarks.md (section ``throughput``; with ``--cuda-only``, the CUDA rows alone go into
+``throughput-cuda``). With ``--precision`` it instead times a training
 iteration of each recipe at its own batch in float32 and in bfloat16 (`TrainerConfig.precision`), alternating the
 two in one run on one thread (CUDA too when present), into the section ``throughput-precision``:
 
     python -m benchmarks.throughput --precision [--recipes ...] [--iters 5]
+
+With ``--cuda-graphs`` (a CUDA device needed) it times a training iteration and a whole sampling chain of each recipe
+on the GPU with the chain's transitions replayed from CUDA graphs (`composable_ebm.sampling.graphs`) against
+without, alternating the two in one run, into the section ``throughput-cuda-graphs``:
+
+    python -m benchmarks.throughput --cuda-graphs [--recipes ...] [--batches 24 128] [--iters 5]
 """
 
 from __future__ import annotations
@@ -96,7 +103,7 @@ def precision_table(names: list[str], iters: int) -> None:
     rows = []
     for name in names:
         recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
-        data = build_dataset(dataclasses.replace(recipe.data, n=2000), recipe.folder)
+        data = build_dataset(recipe.data, recipe.folder)  # the recipe's own data: what training reads (cached)
         batch = recipe.trainer.batch_size
         for device in devices:
             times: dict[str, list[float]] = {"float32": [], "bfloat16": []}
@@ -124,6 +131,55 @@ def precision_table(names: list[str], iters: int) -> None:
     print("\n".join(lines))
 
 
+def graphs_table(names: list[str], batches: list[int], iters: int) -> None:
+    """A training iteration and a sampling chain on the GPU, eager against replayed from CUDA graphs."""
+    from composable_ebm.sampling import sample
+    from composable_ebm.sampling.graphs import use_cuda_graphs
+
+    device = torch.device("cuda")
+    rows = []
+    for name in names:
+        recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
+        data = build_dataset(recipe.data, recipe.folder)
+        model = build_model(recipe, data).to(device)
+        chain = model.sampling_defaults.sampler
+        for batch in batches:
+            times: dict[bool, list[float]] = {False: [], True: []}
+            chains: dict[bool, list[float]] = {False: [], True: []}
+            for _ in range(2):  # alternate, so a drift in the machine's speed reaches both alike
+                for on in (False, True):
+                    use_cuda_graphs(on)
+                    times[on].append(training_iteration(recipe, data, batch, device, iters))
+                    labels = _labels(model, batch, device) or None
+                    sample(model, n=batch, config=chain, labels=labels, seed=0)  # warm-up (and the capture)
+                    _sync(device)
+                    start = time.perf_counter()
+                    sample(model, n=batch, config=chain, labels=labels, seed=1)
+                    _sync(device)
+                    chains[on].append(time.perf_counter() - start)
+            use_cuda_graphs(False)
+            rows.append((name, batch, min(times[False]), min(times[True]), min(chains[False]), min(chains[True]),
+                         chain.total_steps))
+            print(rows[-1], flush=True)
+    lines = [
+        "## CUDA graphs",
+        "",
+        f"`python -m benchmarks.throughput --cuda-graphs --recipes {' '.join(names)} --batches"
+        f" {' '.join(map(str, batches))} --iters {iters}` on torch {torch.__version__}, {torch.cuda.get_device_name()}:"
+        " a training iteration (`Trainer.train_step`, the recipe's chain, losses, Adam and the EMA) and a whole"
+        " sampling chain (the model's own sampler) with the chain's transitions run eagerly against replayed from"
+        f" CUDA graphs (`use_cuda_graphs`), the faster of two alternating measurements ({iters} iterations each).",
+        "",
+        "| recipe | batch | s / iteration, eager | with graphs | speed-up | chain steps | s / chain, eager | with graphs"
+        " | speed-up |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *(f"| {n} | {b} | {e:.3f} | {g:.3f} | {e / g:.2f}x | {k} | {ce:.3f} | {cg:.3f} | {ce / cg:.2f}x |"
+          for n, b, e, g, ce, cg, k in rows),
+    ]
+    write_section("throughput-cuda-graphs", "\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", default=None, choices=list(SHIPPED),
@@ -134,18 +190,29 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=2, help="training iterations timed per cell")
     parser.add_argument("--reps", type=int, default=10, help="sampling steps timed per cell")
     parser.add_argument("--no-cuda", action="store_true")
+    parser.add_argument("--cuda-only", action="store_true",
+                        help="only the CUDA rows, into their own section (throughput-cuda), so a GPU machine's run"
+                             " leaves the CPU table alone")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="eager against CUDA-graph chains on the GPU, into their own section"
+                             " (throughput-cuda-graphs)")
     args = parser.parse_args()
+    if (args.cuda_only or args.cuda_graphs) and not torch.cuda.is_available():
+        parser.error(f"{'--cuda-only' if args.cuda_only else '--cuda-graphs'}: no CUDA device is available here")
+    if args.cuda_graphs:
+        graphs_table(args.recipes or list(SHIPPED), args.batches, args.iters)
+        return
     if args.precision:
         precision_table(args.recipes or list(SHIPPED), args.iters)
         return
     args.recipes = args.recipes or CD_RECIPES
-    settings = [("cpu", t) for t in args.threads]
+    settings = [] if args.cuda_only else [("cpu", t) for t in args.threads]
     if torch.cuda.is_available() and not args.no_cuda:
         settings.append(("cuda", None))
     rows, peaks = [], {}
     for name in args.recipes:
         recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
-        data = build_dataset(dataclasses.replace(recipe.data, n=2000), recipe.folder)
+        data = build_dataset(recipe.data, recipe.folder)  # the recipe's own data: what training reads (cached)
         for kind, threads in settings:
             if threads is not None:
                 torch.set_num_threads(threads)
@@ -161,11 +228,12 @@ def main() -> None:
                 rate = flops / step / 1e9
                 rows.append((name, where, batch, iteration, step * 1e3, rate, rate / peaks[where], outside))
                 print(rows[-1], flush=True)
+    where_args = "--cuda-only" if args.cuda_only else f"--threads {' '.join(map(str, args.threads))}"
     lines = [
-        "## Throughput of the shipped recipes' networks",
+        "## Throughput of the shipped recipes' networks" + (" on CUDA" if args.cuda_only else ""),
         "",
         f"`python -m benchmarks.throughput --recipes {' '.join(args.recipes)} --batches"
-        f" {' '.join(map(str, args.batches))} --threads {' '.join(map(str, args.threads))} --iters {args.iters}`"
+        f" {' '.join(map(str, args.batches))} {where_args} --iters {args.iters}`"
         f" on torch {torch.__version__}. A training iteration is `Trainer.train_step` with the recipe's settings at"
         " that batch (its 60-step chain, the losses, Adam and the EMA); a sampling step is one energy-and-input-"
         "gradient evaluation. GFLOP/s is the sampling step's arithmetic (torch's FlopCounterMode) over its time; the"
@@ -180,7 +248,7 @@ def main() -> None:
         *(f"| {n} | {w} | {b} | {it:.2f} | {ms:.1f} | {r:.1f} | {f:.0%} | {o:.0%} |"
           for n, w, b, it, ms, r, f, o in rows),
     ]
-    write_section("throughput", "\n".join(lines))
+    write_section("throughput-cuda" if args.cuda_only else "throughput", "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 import torch
@@ -54,13 +54,29 @@ def noise_levels(sigma: NoiseLevel, batch_size: int, device: torch.device, dtype
     values are not read here, so a chain on a GPU never waits for them)."""
     if not isinstance(sigma, Tensor) and not (isinstance(sigma, Real) and math.isfinite(sigma) and sigma > 0):
         raise ValueError(f"a noise level must be a finite positive number or a tensor, got {sigma!r}")
-    level = torch.as_tensor(sigma, device=device, dtype=dtype)
+    level = (torch.as_tensor(sigma, device=device, dtype=dtype) if isinstance(sigma, Tensor)
+             else torch.full((), float(sigma), device=device, dtype=dtype))  # a fill, no host-to-device copy
     if level.ndim == 0:
         level = level.expand(batch_size)
     if level.shape != (batch_size,):
         raise ValueError(f"a noise level must be a number or a tensor of shape ({batch_size},), got {tuple(level.shape)}")
     return level
 
+
+
+def as_index(value: Any, device: torch.device) -> Tensor:
+    """A label value (an integer, an integer tensor or a sequence of integers) as a long tensor on ``device``; an
+    integer is filled in on the device rather than copied there, so a chain captured in a CUDA graph can bind one."""
+    if isinstance(value, Integral):
+        return torch.full((), int(value), dtype=torch.long, device=device)
+    return torch.as_tensor(value, device=device).long()
+
+
+def capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream (`composable_ebm.sampling.graphs`): checks that
+    read a value back to the host (label indices in range) are skipped then, since the eager run before the capture
+    made them."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 class Energy(nn.Module):
     """Base class of every energy: networks, analytic energies and composites.
@@ -201,14 +217,14 @@ class Energy(nn.Module):
         out: dict[str, Tensor] = {}
         for attr, value in labels.items():
             values = self._check_attribute(attr)
-            idx = torch.as_tensor(value, device=device).long()
+            idx = as_index(value, device)
             if idx.ndim == 0:
                 idx = idx.expand(batch_size)
             if idx.shape != (batch_size,):
                 raise ValueError(
                     f"labels[{attr!r}] must be a scalar or have shape ({batch_size},), got {tuple(idx.shape)}"
                 )
-            if idx.numel() and (int(idx.min()) < NULL or int(idx.max()) >= len(values)):
+            if idx.numel() and not capturing() and (int(idx.min()) < NULL or int(idx.max()) >= len(values)):
                 raise ValueError(
                     f"labels[{attr!r}] holds an index outside 0..{len(values) - 1} (or {NULL}, unbound);"
                     f" valid values: {list(values)}"
@@ -555,7 +571,7 @@ class Guided(_Composite):
         b = x.shape[0]
         out = []
         for term in self.terms:
-            codes = {attr: torch.as_tensor(value, device=x.device).long().expand(b) for attr, value in term.bound.items()}
+            codes = {attr: as_index(value, x.device).expand(b) for attr, value in term.bound.items()}
             out.append(term.base.conditioned_and_null(x, codes, sigma))
         return out
 

@@ -78,3 +78,82 @@ def test_training_on_cuda_resumes_to_the_same_weights(tmp_path: Path):
         assert p.device.type == "cpu"
         assert torch.allclose(p, q, rtol=1e-4, atol=1e-6), name
     assert a.energy(torch.rand(2, 3, 8, 8), {"color": torch.tensor([0, 1])}).isfinite().all()
+
+
+@pytest.fixture
+def cuda_graphs():
+    from composable_ebm.sampling.graphs import enabled, use_cuda_graphs
+
+    before = enabled()
+    use_cuda_graphs(True)
+    yield
+    use_cuda_graphs(before)
+
+
+def _with_and_without_graphs(run):
+    from composable_ebm.sampling.graphs import use_cuda_graphs
+
+    use_cuda_graphs(False)
+    eager = run()
+    use_cuda_graphs(True)
+    graphed = run()
+    return eager, graphed
+
+
+def test_a_chain_replayed_from_cuda_graphs_draws_the_eager_chains_noise(cuda_graphs):
+    """Analytic energies (no cuDNN, so the same kernels eagerly and in the graph): a Langevin chain, and MALA down a
+    noise ladder whose every level is captured with eager draws between levels, give the eager samples from the
+    same seed. A graph that drew other noise, or left the generator behind, would move them by the noise's size."""
+    from composable_ebm.analytic import GaussianEnergy, NoisedGaussianEnergy
+    from composable_ebm.sampling import NoiseLadder, SamplerConfig, sample
+    from composable_ebm.sampling.graphs import MIN_STEPS, _cache
+
+    gaussian = GaussianEnergy(torch.tensor([1.0, 0.0]), torch.tensor([[1.0, 0.3], [0.3, 0.5]])).to("cuda")
+    a = NoisedGaussianEnergy(torch.tensor([1.0, 0.0]), torch.tensor([[1.0, 0.3], [0.3, 0.5]]), name="a")
+    b = NoisedGaussianEnergy(torch.tensor([-1.0, 1.0]), torch.tensor([[0.5, 0.0], [0.0, 1.0]]), name="b")
+    product = (a + b).to("cuda")
+    ladder = SamplerConfig(method="mala", noise="exact", steps=MIN_STEPS, step_size=0.5,
+                           ladder=NoiseLadder(levels=3, sigma_min=0.1, sigma_max=1.0, first_steps=MIN_STEPS))
+    cases = ((gaussian, SamplerConfig(method="langevin", steps=2 * MIN_STEPS, step_size=0.01, noise=0.1)),
+             (product, ladder))
+    for energy, config in cases:
+        eager, graphed = _with_and_without_graphs(lambda: sample(energy, 256, config, seed=3))
+        assert energy in _cache  # the graphs were made (and are kept for the next call)
+        assert torch.allclose(eager.samples, graphed.samples, atol=1e-5), (eager.samples - graphed.samples).abs().max()
+        if eager.diagnostics.acceptance is not None:
+            assert torch.equal(eager.diagnostics.acceptance, graphed.diagnostics.acceptance)
+
+
+def test_a_network_chain_replayed_from_a_cuda_graph_matches_the_eager_chain(cuda_graphs):
+    """A bundled network's Langevin chain with a bound label and with per-item labels: the same samples to cuDNN's
+    rounding (0.0013 at most per pixel after 20 steps on an H200)."""
+    from composable_ebm.sampling import sample
+
+    model = cebm.load("shapes-color").to("cuda")
+    config = model.sampling_defaults.sampler
+    for energy, labels in ((model.condition(color="red"), None),
+                           (model, {"color": torch.arange(32, device="cuda") % 3})):
+        eager, graphed = _with_and_without_graphs(
+            lambda: sample(energy, n=32, config=config, seed=3, steps=20, labels=labels))
+        assert torch.allclose(eager.samples, graphed.samples, atol=5e-3), (eager.samples - graphed.samples).abs().max()
+
+
+def test_training_with_cuda_graphs_reaches_the_weights_of_eager_training(tmp_path: Path, cuda_graphs):
+    """The trainer's chain replays a graph kept across iterations while the optimiser moves the weights in place."""
+    from composable_ebm.sampling.graphs import MIN_STEPS, use_cuda_graphs
+
+    text = TINY_RECIPE.format(name="color", attribute="color")
+    assert "[trainer.sampler]\nstep_size = 10.0\nsteps = 3\n" in text
+    recipe = tmp_path / "color.toml"
+    recipe.write_text(text.replace("[trainer.sampler]\nstep_size = 10.0\nsteps = 3\n",
+                                   f"[trainer.sampler]\nstep_size = 10.0\nsteps = {MIN_STEPS + 2}\n"))
+    weights = []
+    for on in (False, True):
+        use_cuda_graphs(on)
+        out = tmp_path / f"graphs-{on}"
+        result = runner.invoke(app, ["train", str(recipe), "--out", str(out), "--device", "cuda", "--no-progress",
+                                     "--steps", "4"])
+        assert result.exit_code == 0, result.output
+        weights.append(load_model(out / "model").state_dict())
+    for (name, p), q in zip(weights[0].items(), weights[1].values()):
+        assert torch.allclose(p, q, rtol=1e-3, atol=1e-5), name

@@ -334,3 +334,32 @@ def test_the_differentiable_last_step_ends_a_chain_where_the_whole_chain_ends():
 def default_config(energy):
     """The chain settings the pipeline derives for ``energy`` (its own or its parts')."""
     return default_settings(energy).sampler
+
+
+def test_cuda_graphs_switch_leaves_a_cpu_chain_as_it_was_and_takes_only_true_or_false(color_model):
+    """The chain's graph replay applies on CUDA devices only (tests/test_cuda.py compares it with the eager chain
+    there): on the CPU the switch changes nothing, bit for bit, for a Langevin and a MALA chain with labels."""
+    from composable_ebm.energy import as_index
+    from composable_ebm.sampling import sample as run
+    from composable_ebm.sampling.graphs import MIN_STEPS, enabled, use_cuda_graphs
+
+    randomize(color_model)
+    energy = color_model.condition(color="red")
+    before = enabled()
+    try:
+        for method in ("langevin", "mala"):
+            results = []
+            for on in (False, True):
+                use_cuda_graphs(on)
+                results.append(run(energy, n=6, seed=0, steps=MIN_STEPS + 2, step_size=1.0, noise=0.01,
+                                   method=method))
+            assert torch.equal(results[0].samples, results[1].samples)
+            assert torch.equal(results[0].diagnostics.energy, results[1].diagnostics.energy)
+        with pytest.raises(TypeError, match="true or false"):
+            use_cuda_graphs("yes")
+    finally:
+        use_cuda_graphs(before)
+    # label values become long tensors as before: an integer is filled in, a tensor or a list converted
+    assert as_index(2, torch.device("cpu")).dtype == torch.long and int(as_index(2, torch.device("cpu"))) == 2
+    assert as_index([0, 2], torch.device("cpu")).tolist() == [0, 2]
+    assert as_index(torch.tensor([1], dtype=torch.int32), torch.device("cpu")).dtype == torch.long

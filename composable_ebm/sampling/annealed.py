@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from composable_ebm.errors import InvalidInputError
+from composable_ebm.sampling.graphs import transitions
 from composable_ebm.sampling.transitions import SAMPLERS, ChainState, SamplerConfig, StepInfo, evaluate
 
 if TYPE_CHECKING:  # pragma: no cover; the sampler runs any energy it is handed and imports none
@@ -42,6 +43,11 @@ class AtLevel:
 
     def expression(self) -> str:
         return f"{self.base.expression()} at sigma={self.sigma:g}"
+
+    def graph_identity(self) -> tuple[Energy, float]:
+        """What a CUDA graph of a transition on this view is kept with and told apart by
+        (`composable_ebm.sampling.graphs`): the energy underneath, and the level."""
+        return self.base, self.sigma
 
 
 def ladder_start(energy: Energy, n: int, config: SamplerConfig, generator: torch.Generator,
@@ -85,11 +91,7 @@ def run_ladder(
         at = dataclasses.replace(config, step_size=config.step_size * sigma * sigma, ladder=None, clamp=False)
         state = evaluate(level, x, labels, config.precision)  # type: ignore[arg-type]
         extra = (ladder.first_steps if i == 0 else 0) + (config.final_steps if i == len(sigmas) - 1 else 0)
-        for _ in range(config.steps + extra):
-            state, info = step_fn(level, state, at, generator, labels)
-            done += 1
-            if on_step is not None:
-                on_step(done, state, info)
+        state, done = transitions(step_fn, level, state, at, generator, labels, config.steps + extra, on_step, done)
         x = state.x
     if ladder.denoise:
         _, grad = energy.energy_and_grad(x, labels, sigma=sigmas[-1])

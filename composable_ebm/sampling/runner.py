@@ -21,6 +21,7 @@ from composable_ebm.configs import config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError, NonFiniteError
 from composable_ebm.sampling.annealed import ladder_start, run_ladder
 from composable_ebm.sampling.augment import augment
+from composable_ebm.sampling.graphs import transitions
 from composable_ebm.sampling.transitions import (
     ChainState,
     SamplerConfig,
@@ -248,17 +249,17 @@ def run_chain(
         if round_index < config.rounds and config.augment is not None:
             x = augment(state.x if state is not None else x, config.augment, generator)
             state = None
-        for _ in range(min(steps_this_round, total - done)):
-            if state is None:
-                state = evaluate(energy, x, labels, config.precision)
-            done += 1
-            if done == total and on_step is None and config.method == "langevin":
-                # nobody reads the last position's energy: leave it unevaluated (a caller that goes on from
-                # here, as the trainer's `differentiable_last_step`, evaluates it once, with what it needs)
-                return ChainEnd(langevin_move(energy, state, config, generator), None, done)
-            state, info = step_fn(energy, state, config, generator, labels)
-            if on_step is not None:
-                on_step(done, state, info)
+        count = min(steps_this_round, total - done)
+        if count == 0:
+            continue
+        if state is None:
+            state = evaluate(energy, x, labels, config.precision)
+        # nobody reads the last position's energy: leave it unevaluated (a caller that goes on from here, as the
+        # trainer's `differentiable_last_step`, evaluates it once, with what it needs)
+        leave_last = done + count == total and on_step is None and config.method == "langevin"
+        state, done = transitions(step_fn, energy, state, config, generator, labels, count - leave_last, on_step, done)
+        if leave_last:
+            return ChainEnd(langevin_move(energy, state, config, generator), None, done + 1)
     return ChainEnd(state.x if state is not None else x, state, done)
 
 

@@ -1,0 +1,179 @@
+"""Chains replayed from CUDA graphs: a run of identical transitions is captured once and replayed step by step.
+
+On a GPU the small networks' chains are bound by kernel launches, not arithmetic (docs/benchmarks.md, "Throughput
+... on CUDA"): a transition is dozens of small kernels, each launched from Python. A CUDA graph records one
+transition's kernels once and launches them all with one call. The chain's randomness stays the run's generator's
+(it is registered with the graph, so each replay draws what the eager step would have drawn next).
+
+It applies where every one of these holds, and the chain runs eagerly otherwise, with the same results:
+
+- `enabled()` (``use_cuda_graphs(True)`` or the environment variable ``CEBM_CUDA_GRAPHS=1``; off by default);
+- the chain is on a CUDA device and at least `MIN_STEPS` transitions run with one setting;
+- the capture succeeds. It fails, for instance, for an energy that reads a value back to the host inside its
+  forward; the chain then runs eagerly and a warning says why, once per kind of energy. (The energies' own checks
+  that read back, label indices in range, are skipped while a graph is captured: `composable_ebm.energy.capturing`;
+  the first transition ran them eagerly.)
+
+A captured graph is kept with its energy and reused while the energy's parameters stay where they were (an optimiser
+updates them in place; moving the model to another device makes a new graph), and the batch shape, the settings, the
+generator (the same object: a trainer's, not a new one per `sample` call) and the labels' names stay the same.
+Labels are copied into the graph's own buffers before each run.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from composable_ebm.sampling.transitions import ChainState, SamplerConfig, StepInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from composable_ebm.energy import Energy, Labels
+
+MIN_STEPS = 8
+"""fewer identical transitions than this run eagerly: the capture costs about three eager transitions"""
+MAX_GRAPHS_PER_ENERGY = 4
+
+_enabled = os.environ.get("CEBM_CUDA_GRAPHS", "0") == "1"
+_cache: weakref.WeakKeyDictionary[Any, dict[tuple, _Graph]] = weakref.WeakKeyDictionary()
+_warned: set[str] = set()
+
+
+def use_cuda_graphs(enabled: bool) -> None:
+    """Switch the replay of chains from CUDA graphs on or off for this process (``CEBM_CUDA_GRAPHS=1`` switches
+    it on at import)."""
+    global _enabled
+    if not isinstance(enabled, bool):
+        raise TypeError(f"use_cuda_graphs takes true or false, got {enabled!r}")
+    _enabled = enabled
+    if not enabled:
+        _cache.clear()
+
+
+def enabled() -> bool:
+    """Whether chains on a CUDA device are replayed from CUDA graphs."""
+    return _enabled
+
+
+class _Graph:
+    """One transition captured for one energy, batch shape, setting, generator and set of labels: its state buffers
+    are advanced in place by each replay."""
+
+    def __init__(self, step_fn: Callable, energy: Any, state: ChainState, config: SamplerConfig,
+                 generator: torch.Generator, labels: Labels | None) -> None:
+        self.generator = generator  # held, so no later generator takes its id while the graph is kept
+        self.state = ChainState(state.x.detach().clone(), state.energy.detach().clone(), state.grad.detach().clone())
+        self.labels = ({k: torch.as_tensor(v, device=state.x.device).clone() for k, v in labels.items()}
+                       if labels else None)
+        saved = generator.get_state()
+        try:
+            side = torch.cuda.Stream(device=state.x.device)
+            side.wait_stream(torch.cuda.current_stream(state.x.device))
+            with torch.cuda.stream(side):  # warm-up (cuDNN's choices, lazy initialisation) off the capture
+                for _ in range(2):
+                    step_fn(energy, self.state, config, generator, self.labels)
+            torch.cuda.current_stream(state.x.device).wait_stream(side)
+            generator.set_state(saved)  # the warm-up's draws are not the chain's
+            self.graph = torch.cuda.CUDAGraph()
+            self.graph.register_generator_state(generator)
+            with torch.cuda.graph(self.graph):
+                new, info = step_fn(energy, self.state, config, generator, self.labels)
+                self.state.x.copy_(new.x)
+                self.state.energy.copy_(new.energy)
+                self.state.grad.copy_(new.grad)
+        finally:
+            generator.set_state(saved)  # the chain's draws start where they would have without a capture
+        self.info = info
+
+    def load(self, state: ChainState, labels: Labels | None) -> None:
+        self.state.x.copy_(state.x)
+        self.state.energy.copy_(state.energy)
+        self.state.grad.copy_(state.grad)
+        for name, buffer in (self.labels or {}).items():
+            buffer.copy_(torch.as_tensor(labels[name], device=buffer.device).expand_as(buffer))
+
+    def replay(self) -> None:
+        """One transition: the state buffers advance in place."""
+        self.graph.replay()
+
+    def snapshot(self) -> tuple[ChainState, StepInfo]:
+        """Copies of the state and of the last transition's diagnostics (the next replay overwrites the buffers)."""
+        state = ChainState(self.state.x.clone(), self.state.energy.clone(), self.state.grad.clone())
+        info = StepInfo(self.info.energy.clone(), self.info.grad_norm.clone(),
+                        None if self.info.accepted is None else self.info.accepted.clone())
+        return state, info
+
+
+def _key(energy: Any, state: ChainState, config: SamplerConfig, generator: torch.Generator,
+         labels: Labels | None, step_fn: Callable) -> tuple:
+    owner, view = _identity(energy)
+    tensors = [*owner.parameters(), *owner.buffers()] if isinstance(owner, torch.nn.Module) else []
+    label_key = tuple(sorted((k, tuple(torch.as_tensor(v).shape)) for k, v in labels.items())) if labels else ()
+    return (step_fn, view, tuple(state.x.shape), state.x.dtype, str(state.x.device), config,
+            id(generator), label_key, tuple(t.data_ptr() for t in tensors), torch.is_autocast_enabled("cuda"))
+
+
+def _identity(energy: Any) -> tuple[Any, Any]:
+    """The object a graph is kept with, and what tells apart views of it (a ladder's `AtLevel` gives its energy and
+    its level; any other energy is itself)."""
+    return energy.graph_identity() if hasattr(energy, "graph_identity") else (energy, None)
+
+
+def _graph_for(step_fn: Callable, energy: Any, state: ChainState, config: SamplerConfig, generator: torch.Generator,
+               labels: Labels | None) -> _Graph | None:
+    owner, _ = _identity(energy)
+    try:
+        graphs = _cache.setdefault(owner, {})
+    except TypeError:  # an energy that cannot be weakly referenced: capture for this chain only
+        graphs = {}
+    key = _key(energy, state, config, generator, labels, step_fn)
+    try:
+        graph = graphs.get(key)  # the key holds the generator's id: a graph replays only the generator it was made with
+    except TypeError:  # settings that do not hash (a sampler's own config type): capture for this chain only
+        graph, key, graphs = None, None, {}
+    if graph is None:
+        try:
+            graph = _Graph(step_fn, energy, state, config, generator, labels)
+        except RuntimeError as err:  # said once per kind of energy; the chain runs eagerly, with the same results
+            kind = type(owner).__name__
+            if kind not in _warned:
+                _warned.add(kind)
+                warnings.warn(f"CUDA graph capture failed for {kind} ({str(err).splitlines()[0]}); its chains run"
+                              " without graphs", RuntimeWarning, stacklevel=4)
+            return None
+        if key is not None:
+            if len(graphs) >= MAX_GRAPHS_PER_ENERGY:
+                graphs.pop(next(iter(graphs)))
+            graphs[key] = graph
+    graph.load(state, labels)
+    return graph
+
+
+def transitions(step_fn: Callable, energy: Any, state: ChainState, config: SamplerConfig, generator: torch.Generator,
+                labels: Labels | None, count: int, on_step: Callable[[int, ChainState, StepInfo], None] | None = None,
+                done: int = 0) -> tuple[ChainState, int]:
+    """``count`` transitions ``step_fn(energy, state, config, generator, labels)`` from ``state``, calling
+    ``on_step(step, state, info)`` after each (steps counted on from ``done``); replayed from a CUDA graph where this
+    module's conditions hold. Returns the last state and the step count."""
+    graph = None
+    if _enabled and count >= MIN_STEPS and state.x.is_cuda:
+        graph = _graph_for(step_fn, energy, state, config, generator, labels)
+    if graph is None:
+        for _ in range(count):
+            state, info = step_fn(energy, state, config, generator, labels)
+            done += 1
+            if on_step is not None:
+                on_step(done, state, info)
+        return state, done
+    for _ in range(count):
+        graph.replay()
+        done += 1
+        if on_step is not None:
+            on_step(done, *graph.snapshot())
+    return graph.snapshot()[0], done
