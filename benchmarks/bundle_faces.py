@@ -4,10 +4,12 @@ that carry their measured quality.
     python -m benchmarks.bundle_faces --run smiling=runs/faces-smiling@"2-core CPU, one thread" ... \
         [--stage smiling=runs/gpu/faces-smiling@"one H200 GPU"] --classifier runs/faces-classifier --table bundled
 
-``--run ATTRIBUTE=RUN@DEVICE`` names each of smiling, glasses, hat and hair's run (``cebm train --out RUN``: its
-``model/`` and its log) and where it trained. A model made in two stages (trained, then fine-tuned with ``cebm train
---init``) names its first run with ``--stage``: the card gives both. Each model's ``[sampling]`` settings are its
-recipe's as they stand (``recipes/faces-<attribute>.toml``, its guidance scale). The cards give the rows of
+``--run ATTRIBUTE=RUN@DEVICE[@PRECISION[@SETTINGS]]`` names each of smiling, glasses, hat and hair's run (``cebm
+train --out RUN``: its ``model/`` and its log), where it trained, and what it changed over the recipe: ``--precision``,
+and ``--set`` settings separated by ``;`` (``trainer.batch_size=512;trainer.lr=3e-4``). A model made in stages
+(trained, then fine-tuned with ``cebm train --init``, perhaps more than once) names its earlier runs with ``--stage``,
+first one first: the card gives every stage and the commands that make them. Each model's ``[sampling]`` settings
+are its recipe's as they stand (``recipes/faces-<attribute>.toml``, its guidance scale). The cards give the rows of
 ``python -m benchmarks.faces --models bundled --label TABLE`` (its shards in ``runs/faces-table``); before that
 table exists they say nothing measured, so bundle, measure, then bundle again. Writes each card into
 ``model_cards/`` and into the model's folder (tests/test_bundled.py checks that they agree); ``python -m
@@ -28,7 +30,7 @@ from composable_ebm.data import FACES_ATTRIBUTES, faces
 from composable_ebm.data.faces import GENERATOR
 from composable_ebm.model_cards import model_card, recipe_text
 from composable_ebm.persistence import BUNDLED_DIR, load_model, save_model
-from composable_ebm.recipes import load_recipe
+from composable_ebm.recipes import load_recipe, parse_setting
 from composable_ebm.sampling.transitions import PRECISIONS
 from composable_ebm.training import read_log
 
@@ -36,13 +38,28 @@ ROOT = Path(__file__).resolve().parents[1]
 CLASSIFIER = "faces-classifier"
 
 
-def _steps(run: Path) -> int:
-    return max(r["step"] for r in read_log(run) if "step" in r)
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One training run of a bundled model: its folder, where it ran, and what it changed over the recipe."""
 
+    run: Path
+    device: str
+    precision: str | None  # None: the recipe's
+    settings: tuple[str, ...] = ()  # `cebm train --set` settings
 
-def _stage(run: Path, steps: int, device: str, precision: str | None) -> str:
-    return (f"{steps} iterations on {device}" + (f" in {precision}" if precision else "")
-            + f", about {_training_minutes(run):.0f} minutes")
+    @property
+    def steps(self) -> int:
+        return max(r["step"] for r in read_log(self.run) if "step" in r)
+
+    def describe(self) -> str:
+        return (f"{self.steps} iterations on {self.device}" + (f" in {self.precision}" if self.precision else "")
+                + (" with " + " ".join(f"`--set {s}`" for s in self.settings) if self.settings else "")
+                + f", about {_training_minutes(self.run):.0f} minutes")
+
+    def command(self, name: str, out: str, init: str | None) -> str:
+        return (f"cebm train recipes/{name}.toml --out {out}" + (f" --init {init}" if init else "")
+                + f" --steps {self.steps}" + (f" --precision {self.precision}" if self.precision else "")
+                + "".join(f" --set {s}" for s in self.settings))
 
 
 def _table(label: str) -> list[dict]:
@@ -54,23 +71,23 @@ def _table(label: str) -> list[dict]:
     return sorted(rows, key=lambda r: r["index"])
 
 
-def _runs(items: list[str], flag: str) -> dict[str, tuple[Path, str, str | None]]:
-    """``ATTRIBUTE=RUN@DEVICE[@PRECISION]`` -> {attribute: (run, device, precision or None: the recipe's)}."""
-    out = {}
+def _stages(items: list[str], flag: str) -> dict[str, list[Stage]]:
+    """``ATTRIBUTE=RUN@DEVICE[@PRECISION[@SETTINGS]]`` -> {attribute: [Stage, ...] in the order given}."""
+    out: dict[str, list[Stage]] = {}
     for item in items:
         attribute, _, rest = item.partition("=")
         run, _, where = rest.partition("@")
-        device, _, precision = where.partition("@")
+        device, _, where = where.partition("@")
+        precision, _, settings = where.partition("@")
+        sets = tuple(s.strip() for s in settings.split(";") if s.strip())
         if attribute not in ATTRIBUTES or not run or not device or precision not in ("", *PRECISIONS):
-            raise SystemExit(f"{flag} {item!r}: write ATTRIBUTE=RUN@DEVICE[@PRECISION] with ATTRIBUTE one of"
-                             f" {list(ATTRIBUTES)} and PRECISION one of {list(PRECISIONS)}")
-        out[attribute] = (Path(run), device, precision or None)
+            raise SystemExit(f"{flag} {item!r}: write ATTRIBUTE=RUN@DEVICE[@PRECISION[@SETTINGS]] with ATTRIBUTE one"
+                             f" of {list(ATTRIBUTES)}, PRECISION one of {list(PRECISIONS)} (or empty) and SETTINGS"
+                             " as cebm train --set takes them, separated by ';'")
+        for setting in sets:
+            parse_setting(setting)  # one line, now, for a malformed one
+        out.setdefault(attribute, []).append(Stage(Path(run), device, precision or None, sets))
     return out
-
-
-def _command(name: str, run: str, steps: int, precision: str | None, init: str | None = None) -> str:
-    return (f"cebm train recipes/{name}.toml --out {run}" + (f" --init {init}" if init else "") + f" --steps {steps}"
-            + (f" --precision {precision}" if precision else ""))
 
 
 def _quality(attribute: str, rows: list[dict], classifier_name: str) -> list[str]:
@@ -122,40 +139,39 @@ def bundle_classifier(source: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", action="append", default=[], metavar="ATTRIBUTE=RUN@DEVICE",
+    parser.add_argument("--run", action="append", default=[], metavar="ATTRIBUTE=RUN@DEVICE[@PRECISION[@SETTINGS]]",
                         help="each model's run (cebm train --out RUN) and where it trained")
-    parser.add_argument("--stage", action="append", default=[], metavar="ATTRIBUTE=RUN@DEVICE",
-                        help="the first stage of a model fine-tuned from it (cebm train --init RUN/model)")
+    parser.add_argument("--stage", action="append", default=[], metavar="ATTRIBUTE=RUN@DEVICE[@PRECISION[@SETTINGS]]",
+                        help="an earlier stage of a model fine-tuned from it (cebm train --init RUN/model); repeat"
+                             " for several, first one first")
     parser.add_argument("--table", default="bundled", help="the --label of the benchmarks.faces run that measured them")
     parser.add_argument("--classifier", type=Path, default=ROOT / "runs" / "faces-classifier")
     args = parser.parse_args()
-    runs, stages = _runs(args.run, "--run"), _runs(args.stage, "--stage")
-    if set(runs) != set(ATTRIBUTES):
-        raise SystemExit(f"give --run for each of {list(ATTRIBUTES)}")
+    runs, stages = _stages(args.run, "--run"), _stages(args.stage, "--stage")
+    if set(runs) != set(ATTRIBUTES) or any(len(r) != 1 for r in runs.values()):
+        raise SystemExit(f"give one --run for each of {list(ATTRIBUTES)}")
     rows = _table(args.table)
     bundle_classifier(args.classifier)
     for attribute in ATTRIBUTES:
         name = f"faces-{attribute}"
-        run, device, precision = runs[attribute]
-        model = load_model(run / "model")
+        final = runs[attribute][0]
+        model = load_model(final.run / "model")
         recipe = ROOT / "recipes" / f"{name}.toml"
         spec = load_recipe(recipe)
         model.sampling_defaults = spec.sampling  # the recipe's [sampling] as it stands (its guidance scale)
         scale = spec.sampling.guidance_scale
-        run_steps = _steps(run)
-        steps = run_steps
-        if attribute in stages:
-            first, first_device, first_precision = stages[attribute]
-            first_steps = _steps(first)
-            steps += first_steps
-            trained = (f"Trained in two stages: {_stage(first, first_steps, first_device, first_precision)} (`cebm"
-                       f" train`), then {_stage(run, run_steps, device, precision)} from those weights (`cebm train"
-                       " --init`, a fresh optimiser).")
-            reproduce = [_command(name, f"runs/{name}-first", first_steps, first_precision),
-                         _command(name, f"runs/{name}", run_steps, precision, init=f"runs/{name}-first/model")]
+        chain = [*stages.get(attribute, []), final]
+        steps = sum(stage.steps for stage in chain)
+        if len(chain) > 1:
+            words = {2: "two", 3: "three", 4: "four"}
+            trained = (f"Trained in {words.get(len(chain), len(chain))} stages: {chain[0].describe()} (`cebm train`)"
+                       + "".join(f", then {stage.describe()} from those weights" for stage in chain[1:])
+                       + " (`cebm train --init`, a fresh optimiser" + (" each time)." if len(chain) > 2 else ")."))
         else:
-            trained = f"Trained for {_stage(run, run_steps, device, precision)}."
-            reproduce = [_command(name, f"runs/{name}", run_steps, precision)]
+            trained = f"Trained for {final.describe()}."
+        outs = [f"runs/{name}-stage{k + 1}" for k in range(len(chain) - 1)] + [f"runs/{name}"]
+        reproduce = [stage.command(name, out, f"{outs[k - 1]}/model" if k else None)
+                     for k, (stage, out) in enumerate(zip(chain, outs))]
         values = ", ".join(FACES_ATTRIBUTES[attribute])
         notes = "\n".join([
             "## Data and limitations", "",

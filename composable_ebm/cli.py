@@ -213,6 +213,10 @@ def train(
     precision: Annotated[Optional[str], typer.Option(
         help="float32 or bfloat16: the arithmetic of a noise-conditioned model's denoising loss ([trainer] "
              "precision; default: the recipe's). A resumed run may change it.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", metavar="TABLE.KEY=VALUE",
+        help="Change one recipe setting over the file's (repeatable; VALUE in TOML, or a bare word), e.g. --set "
+             "trainer.batch_size=512 --set trainer.lr=3e-4. The card lists them; resume with the same ones.")] = None,
 ) -> None:
     """Train an energy with Algorithm 1 and save its EMA weights to OUT/model.
 
@@ -228,7 +232,8 @@ def train(
 
     run = train_recipe(recipe, out, steps=steps, resume=resume, overwrite=overwrite,
                        allow_config_change=allow_config_change, device=_device(device), progress=progress,
-                       license=license, init=init, echo=typer.echo, max_minutes=max_minutes, precision=precision)
+                       license=license, init=init, echo=typer.echo, max_minutes=max_minutes, precision=precision,
+                       settings=set_ or ())
     if run.stopped is not None and run.stopped.startswith("SIG"):
         raise typer.Exit(128 + int(getattr(signal, run.stopped)))  # the shell's status for a signalled command
 

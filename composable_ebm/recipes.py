@@ -16,6 +16,9 @@ its tables are merged key by key, the recipe's own values winning. Optional tabl
 Unknown keys anywhere are an error naming the valid ones. Relative data paths (``data.root``) start at the
 recipe's folder. A recipe whose chain of files gives no ``[trainer] seed`` gets one from its model's name, so two
 recipes never start from the same weights by accident.
+
+``load_recipe(path, settings=["trainer.batch_size=512"])`` (``cebm train --set``) changes single settings over the
+file's, as a last layer on top of it and its bases.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import dataclasses
 import tomllib
 import zlib
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,15 +59,40 @@ def recipe_seed(name: str) -> int:
     return zlib.crc32(name.encode("utf-8")) & 0x7FFFFFFF
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    """Parse a recipe file; errors name the file and the valid settings."""
+TABLES = ("model", "data", "trainer", "sampling")
+
+
+def parse_setting(item: str) -> dict[str, Any]:
+    """``TABLE.KEY=VALUE`` as the nested table it sets, ``{TABLE: {KEY: VALUE}}`` (a dotted key goes deeper:
+    ``trainer.sampler.steps=40``). VALUE is read as TOML (``512``, ``3e-4``, ``true``, ``[1, 2]``); a bare word
+    that is not TOML is a string (``trainer.precision=float32``)."""
+    key, sep, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) < 2 or not all(parts) or parts[0] not in TABLES or not text.strip():
+        raise InvalidInputError(f"--set {item!r}: write TABLE.KEY=VALUE with TABLE one of {list(TABLES)}"
+                                " (e.g. trainer.batch_size=512)")
+    try:
+        value = tomllib.loads(f"value = {text.strip()}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    table: dict[str, Any] = {parts[-1]: value}
+    for part in reversed(parts[:-1]):
+        table = {part: table}
+    return table
+
+
+def load_recipe(path: str | Path, settings: Sequence[str] = ()) -> Recipe:
+    """Parse a recipe file, with ``settings`` (``TABLE.KEY=VALUE`` each, see `parse_setting`) over its own; errors
+    name the file and the valid settings."""
     path = Path(path)
     raw = _read_with_base(path, seen=())
-    unknown = sorted(set(raw) - {"model", "data", "trainer", "sampling"})
+    for item in settings:
+        raw = _merge(raw, parse_setting(item))
+    unknown = sorted(set(raw) - set(TABLES))
     if unknown:
         raise InvalidInputError(f"{path}: unknown table(s) {unknown}; valid tables: ['data', 'model', 'sampling', 'trainer']")
     try:
-        for table in ("model", "data", "trainer", "sampling"):
+        for table in TABLES:
             if table in raw and not isinstance(raw[table], dict):
                 raise InvalidInputError(f"[{table}] must be a table of settings, got {type(raw[table]).__name__}")
         model = dict(raw.get("model", {}))

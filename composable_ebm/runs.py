@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -169,7 +169,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                  overwrite: bool = False, allow_config_change: bool = False, device: torch.device | str | None = None,
                  progress: bool = False, license: str | None = None, init: str | Path | None = None,
                  echo: Callable[[str], None] | None = None, max_minutes: float | None = None,
-                 precision: str | None = None) -> TrainedRun:
+                 precision: str | None = None, settings: Sequence[str] = ()) -> TrainedRun:
     """Train ``recipe`` (a TOML file) into the run folder ``out``, as ``cebm train`` does.
 
     Resumes from ``out/checkpoint.pt`` when ``resume`` and it exists; ``resume=False`` starts a new run,
@@ -184,6 +184,9 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     a run that resumes from a checkpoint ignores it.
 
     ``precision`` (``float32`` or ``bfloat16``) overrides the recipe's ``[trainer] precision``; the card says so.
+    ``settings`` (``TABLE.KEY=VALUE`` each, as `composable_ebm.recipes.parse_setting` reads them) change single
+    settings over the recipe's; the card lists them. A resumed run compares the checkpoint with the recipe and
+    these settings together, so resume with the same ones.
 
     Before training it says the estimated time per iteration and the checkpoint's size. SIGINT, SIGTERM or
     ``max_minutes`` stop it after the step in progress: the checkpoint and the model folder are written as at the
@@ -200,7 +203,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
 
     say = echo or (lambda line: None)
     recipe, out = Path(recipe), Path(out)
-    spec = load_recipe(recipe)
+    spec = load_recipe(recipe, settings)
     if precision is not None and precision != spec.trainer.precision:
         spec = dataclasses.replace(spec, trainer=dataclasses.replace(spec.trainer, precision=precision))
     else:
@@ -272,6 +275,9 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                 notes += " Its settings differ from that model's in: " + "; ".join(f"`{c}`" for c in init_changes) + "."
             if precision is not None:
                 notes = ((notes + " ") if notes else "") + f"Trained with `--precision {precision}` over the recipe's setting."
+            if settings:
+                notes = ((notes + " ") if notes else "") + ("Trained with " + " ".join(f"`--set {s}`" for s in settings)
+                                                            + " over the recipe's settings.")
             card = model_card(ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
                               location=str(out / "model"), license=license, notes=notes)
             save_model(ema, out / "model", card=card)

@@ -575,3 +575,44 @@ def test_a_checkpoint_that_saved_a_removed_setting_at_its_behaving_value_resumes
         else:
             with pytest.raises(InvalidInputError, match="negative_labels"):
                 again.resume(tmp_path / f"{value}.pt")
+
+
+def test_cebm_train_set_changes_single_settings_lists_them_in_the_card_and_a_resume_needs_the_same(tmp_path):
+    from typer.testing import CliRunner
+
+    from composable_ebm.cli import app
+    from composable_ebm.recipes import parse_setting
+    from composable_ebm.training import load_checkpoint
+
+    root = Path(__file__).resolve().parents[1]
+    base = (root / "recipes" / "diffusion" / "shapes-base.toml").read_text()
+    for old, new in (("channels = [32, 64, 64]", "channels = [8, 16]"), ("embedding = 64", "embedding = 16"),
+                     ("n = 10000", "n = 64"), ("batch_size = 64", "batch_size = 8")):
+        assert old in base
+        base = base.replace(old, new)
+    recipe = tmp_path / "tiny.toml"
+    recipe.write_text(base)
+    run = tmp_path / "run"
+    runner = CliRunner()
+    sets = ["--set", "trainer.batch_size=4", "--set", "trainer.lr=2e-3", "--set", "trainer.precision=bfloat16"]
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "2", "--no-progress", *sets])
+    assert result.exit_code == 0, result.output
+    saved = json.loads(load_checkpoint(run / "checkpoint.pt")["trainer_config"])
+    assert (saved["batch_size"], saved["lr"], saved["precision"]) == (4, 2e-3, "bfloat16")
+    card = (run / "model" / "README.md").read_text()
+    assert "`--set trainer.batch_size=4` `--set trainer.lr=2e-3`" in card
+    # the same settings resume; without them the checkpoint's settings differ from the recipe's: refused
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "3", "--no-progress", *sets])
+    assert result.exit_code == 0 and "resumed from step 2" in result.output, result.output
+    result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "4", "--no-progress"])
+    assert result.exit_code != 0 and "batch_size" in result.output, result.output
+    assert load_checkpoint(run / "checkpoint.pt")["step"] == 3  # nothing lost
+    # a dotted key reaches a sub-table; a bad setting is one line naming the valid tables or keys
+    assert parse_setting("trainer.sampler.steps=40") == {"trainer": {"sampler": {"steps": 40}}}
+    assert parse_setting("data.holdout=[]") == {"data": {"holdout": []}}
+    for bad, expected in ((["--set", "batch_size=4"], "TABLE one of ['model', 'data', 'trainer', 'sampling']"),
+                          (["--set", "trainer.batch_size"], "write TABLE.KEY=VALUE"),
+                          (["--set", "trainer.batchsize=4"], "batch_size")):
+        result = runner.invoke(app, ["train", str(recipe), "--out", str(tmp_path / "new"), "--no-progress", *bad])
+        assert result.exit_code != 0 and expected in result.output, (bad, result.output)
+        assert "Traceback" not in result.output
