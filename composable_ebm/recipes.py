@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 import zlib
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
