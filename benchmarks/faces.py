@@ -30,7 +30,8 @@ own (``--scales smiling=1,glasses=1,hat=1``), and writes a short table::
     python -m benchmarks.faces --only guided --scales smiling=1,glasses=1,hat=1 --label scale1
 
 A sampler screen measures each model alone with another noise ladder (``--levels``: how many levels; ``--steps``:
-transitions at each; ``--first-steps``: transitions at the first level before the descent) than the models' own::
+transitions at each; ``--first-steps``: transitions at the first level before the descent) than the models' own, or
+with other guidance scales for the models drawn guided on their own (``--scales``)::
 
     python -m benchmarks.faces --only alone --levels 30 --n 128 --label levels30
 """
@@ -55,7 +56,7 @@ from composable_ebm.energy import Guided
 from composable_ebm.evaluation.conditional import max_deviation, value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.expression import parse_expression
-from composable_ebm.pipeline import plan
+from composable_ebm.pipeline import composed, has_guided_form, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTES = ("smiling", "glasses", "hat", "hair")
@@ -115,13 +116,15 @@ def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> to
 def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
             scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None) -> tuple[dict, torch.Tensor]:
     """One row: its scores and its first samples (for the sheets). ``scales`` (attribute -> guidance scale) replaces
-    the models' own guidance scales in a guided row; ``ladder`` (``levels``, ``steps``, ``first_steps``) the models'
+    the models' own guidance scales in a guided row, a model drawn guided on its own included; ``ladder`` (``levels``, ``steps``, ``first_steps``) the models'
     noise ladder's number of levels, transitions at each and transitions before the descent."""
 
     def loader(name: str):
         return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"))
 
     energy = parse_expression(job["expression"], loader)
+    if scales and not isinstance(energy, Guided) and job["form"] != "plain" and has_guided_form(energy):
+        energy = composed(energy, job["form"])  # a model drawn guided on its own (`guided_alone`): that form
     if scales and isinstance(energy, Guided):  # the same terms and weights, the given scales
         energy = Guided(energy.weights, list(energy.terms),
                         [scales.get(next(iter(t.bound)), s) for t, s in zip(energy.terms, energy.scales)])
@@ -268,16 +271,19 @@ def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: 
     return "\n".join(lines)
 
 
-def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models: str, ladder: dict[str, int]) -> str:
-    """The short section of a screen of each model alone with a given noise ladder."""
+def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models: str, ladder: dict[str, int],
+                   scales: str | None = None) -> str:
+    """The short section of a screen of each model alone with a given noise ladder or guidance scales."""
     command = " ".join(["python -m benchmarks.faces --models", models, "--only alone",
-                        *(f"--{k.replace('_', '-')} {v}" for k, v in ladder.items()), f"--n {n} --label {label}"])
+                        *(f"--{k.replace('_', '-')} {v}" for k, v in ladder.items()),
+                        *([f"--scales {scales}"] if scales else []), f"--n {n} --label {label}"])
+    given = ([f"{k.replace('_', ' ')} {v}" for k, v in ladder.items()]
+             + ([f"guidance scales {scales}"] if scales else []))
     fid = sorted(r["fid_ratio"] for r in rows)
     lines = [f"## Faces sampler screen ({label})", "",
              f"`{command}` on {machine()}, {minutes:.0f} CPU-minutes ("
-             + (", ".join(f"{k.replace('_', ' ')} {v}" for k, v in ladder.items()) + " instead of the models' own"
-                if ladder
-                else "the models' own ladder") + f"): median FID ratio **{statistics.median(fid):.1f}** (worst"
+             + (", ".join(given) + " instead of the models' own" if given else "the models' own settings")
+             + f"): median FID ratio **{statistics.median(fid):.1f}** (worst"
              f" {fid[-1]:.1f}); accuracy mean {_mean([r['joint'] for r in rows]):.3f} (worst"
              f" {min(r['joint'] for r in rows):.3f}); largest gap {max(max(r['gaps'].values()) for r in rows):.2f}.", "",
              *alone_table(rows)]
@@ -289,7 +295,7 @@ def _write(args, rows: list[dict], samples: dict[str, torch.Tensor], fresh, minu
     """The docs section of a whole table (`report`), of a guidance screen (`screen_report`) or of a sampler screen
     (`sampler_report`), printed too."""
     if args.only == "alone":
-        text = sampler_report(rows, args.label, rows[0]["n"], minutes, models, ladder)
+        text = sampler_report(rows, args.label, rows[0]["n"], minutes, models, ladder, scales)
         write_section(f"faces-screen-{args.label}", text)
     elif args.only is not None:
         text = screen_report(rows, args.label, rows[0]["n"], minutes, models, scales)
@@ -325,7 +331,8 @@ def main() -> None:
     parser.add_argument("--only", choices=["guided", "alone"], default=None,
                         help="a screen: only the guided conjunctions, or each model alone, reported in a short table")
     parser.add_argument("--scales", default=None, metavar="ATTRIBUTE=SCALE,...",
-                        help="guidance scales that replace the models' own in guided rows")
+                        help="guidance scales that replace the models' own in guided rows (and in the rows of a model"
+                             " drawn guided on its own)")
     parser.add_argument("--levels", type=int, default=None, help="noise levels that replace the models' own")
     parser.add_argument("--steps", type=int, default=None, help="transitions per level that replace the models' own")
     parser.add_argument("--first-steps", type=int, default=None,
