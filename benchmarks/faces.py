@@ -116,8 +116,9 @@ def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> to
 def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
             scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None) -> tuple[dict, torch.Tensor]:
     """One row: its scores and its first samples (for the sheets). ``scales`` (attribute -> guidance scale) replaces
-    the models' own guidance scales in a guided row, a model drawn guided on its own included; ``ladder`` (``levels``, ``steps``, ``first_steps``) the models'
-    noise ladder's number of levels, transitions at each and transitions before the descent."""
+    the models' own guidance scales in a guided row, a model drawn guided on its own included; ``ladder``
+    (``levels``, ``steps``, ``first_steps``) the models' noise ladder's number of levels, transitions at each and
+    transitions before the descent."""
 
     def loader(name: str):
         return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"))

@@ -63,7 +63,6 @@ def noise_levels(sigma: NoiseLevel, batch_size: int, device: torch.device, dtype
     return level
 
 
-
 def as_index(value: Any, device: torch.device) -> Tensor:
     """A label value (an integer, an integer tensor or a sequence of integers) as a long tensor on ``device``; an
     integer is filled in on the device rather than copied there, so a chain captured in a CUDA graph can bind one."""
@@ -77,6 +76,7 @@ def capturing() -> bool:
     read a value back to the host (label indices in range) are skipped then, since the eager run before the capture
     made them."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
 
 class Energy(nn.Module):
     """Base class of every energy: networks, analytic energies and composites.

@@ -200,15 +200,21 @@ def test_denoising_score_matching_learns_the_score_of_gaussian_data():
     assert record.loss_dsm < first and record.e_diff is None
 
 
-def test_the_family_trains_saves_loads_composes_and_samples_through_the_same_commands(tmp_path):
-    recipe = tmp_path / "tiny.toml"
+def tiny_diffusion_recipe(path: Path, *replacements: tuple[str, str]) -> Path:
+    """recipes/diffusion/shapes-base.toml shrunk to a few seconds of CPU (a small U-Net, 64 images, batch 8), with
+    ``replacements`` (old text, new text) on top, written to ``path``."""
     base = (ROOT / "recipes" / "diffusion" / "shapes-base.toml").read_text()
     for old, new in (("channels = [32, 64, 64]", "channels = [8, 16]"), ("embedding = 64", "embedding = 16"),
-                     ("n = 10000", "n = 64"), ("batch_size = 64", "batch_size = 8"), ("levels = 15", "levels = 3"),
-                     ('dataset = "shapes"', 'dataset = "shapes"\nattributes = ["color"]')):
+                     ("n = 10000", "n = 64"), ("batch_size = 64", "batch_size = 8"), *replacements):
         assert old in base
         base = base.replace(old, new)
-    recipe.write_text(base)
+    path.write_text(base)
+    return path
+
+
+def test_the_family_trains_saves_loads_composes_and_samples_through_the_same_commands(tmp_path):
+    recipe = tiny_diffusion_recipe(tmp_path / "tiny.toml", ("levels = 15", "levels = 3"),
+                                   ('dataset = "shapes"', 'dataset = "shapes"\nattributes = ["color"]'))
     result = runner.invoke(app, ["train", str(recipe), "--out", str(tmp_path / "run"), "--steps", "3", "--no-progress"])
     assert result.exit_code == 0, result.output
     folder = tmp_path / "run" / "model"

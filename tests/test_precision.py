@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -106,15 +105,10 @@ def test_cebm_train_precision_overrides_the_recipe_says_so_in_the_card_and_may_c
     from composable_ebm.cli import app
     from composable_ebm.training import load_checkpoint
 
-    root = Path(__file__).resolve().parents[1]
-    base = (root / "recipes" / "diffusion" / "shapes-base.toml").read_text()
-    for old, new in (("channels = [32, 64, 64]", "channels = [8, 16]"), ("embedding = 64", "embedding = 16"),
-                     ("n = 10000", "n = 64"), ("batch_size = 64", "batch_size = 8"),
-                     ('dataset = "shapes"', 'dataset = "shapes"\nattributes = ["color"]')):
-        assert old in base
-        base = base.replace(old, new)
-    recipe = tmp_path / "tiny.toml"
-    recipe.write_text(base)
+    from tests.test_diffusion import tiny_diffusion_recipe
+
+    recipe = tiny_diffusion_recipe(tmp_path / "tiny.toml",
+                                   ('dataset = "shapes"', 'dataset = "shapes"\nattributes = ["color"]'))
     run = tmp_path / "run"
     runner = CliRunner()
     result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--steps", "2", "--no-progress",
