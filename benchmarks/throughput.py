@@ -11,6 +11,10 @@ present) it measures:
   to the operators' own work (CPU: the self time of every ``aten::`` operator; CUDA: the kernels' device time).
 
     python -m benchmarks.throughput [--recipes shapes-shape ...] [--batches 24 64 128] [--threads 1 2] [--iters 3]
+                                    [--paper]
+
+``--paper`` adds the sampling step of the paper's 32-px CIFAR-10 network (``recipes/cifar10.toml``) on random input;
+its training iteration needs CIFAR-10, so it is not timed.
 
 The table goes into docs/benchmarks.md (section ``throughput``; with ``--cuda-only``, the CUDA rows alone go into
 ``throughput-cuda``). With ``--precision`` it instead times a training
@@ -46,6 +50,7 @@ SHIPPED = {"shapes-shape": "shapes-shape.toml", "shapes-color": "shapes-color-pa
            "shapes-size": "shapes-size.toml", "shapes-position": "shapes-position.toml",
            "diffusion/shapes-shape": "diffusion/shapes-shape.toml", "faces-smiling": "faces-smiling.toml"}
 CD_RECIPES = [name for name in SHIPPED if name.startswith("shapes-")]
+PAPER = "paper-32"  # the paper's 32-px CIFAR-10 network (recipes/cifar10.toml): its sampling step alone, no data
 
 
 def _labels(model, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -193,6 +198,9 @@ def main() -> None:
     parser.add_argument("--cuda-only", action="store_true",
                         help="only the CUDA rows, into their own section (throughput-cuda), so a GPU machine's run"
                              " leaves the CPU table alone")
+    parser.add_argument("--paper", action="store_true",
+                        help=f"also the sampling step of the paper's 32-px network ({PAPER}: recipes/cifar10.toml's"
+                             " network on random input; its training iteration needs CIFAR-10, so it is not timed)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="eager against CUDA-graph chains on the GPU, into their own section"
                              " (throughput-cuda-graphs)")
@@ -210,9 +218,12 @@ def main() -> None:
     if torch.cuda.is_available() and not args.no_cuda:
         settings.append(("cuda", None))
     rows, peaks = [], {}
-    for name in args.recipes:
-        recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
-        data = build_dataset(recipe.data, recipe.folder)  # the recipe's own data: what training reads (cached)
+    for name in args.recipes + ([PAPER] if args.paper else []):
+        if name == PAPER:  # the network on its own input shape: the CIFAR-10 files are not needed for a step
+            recipe, data = load_recipe(ROOT / "recipes" / "cifar10.toml"), None
+        else:
+            recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
+            data = build_dataset(recipe.data, recipe.folder)  # the recipe's own data: what training reads (cached)
         for kind, threads in settings:
             if threads is not None:
                 torch.set_num_threads(threads)
@@ -220,15 +231,16 @@ def main() -> None:
             where = f"{kind}, {threads} thread{'s' if threads != 1 else ''}" if threads else torch.cuda.get_device_name()
             if where not in peaks:
                 peaks[where] = matmul_gflops(device)
-            model = build_model(recipe, data).to(device)
+            model = build_model(recipe, data if data is not None else torch.empty(0)).to(device)  # paper-32: 3x32x32
             for batch in args.batches:
                 flops = step_flops(model, batch, device)
                 step, outside = sampling_step(model, batch, device, args.reps)
-                iteration = training_iteration(recipe, data, batch, device, args.iters)
+                iteration = training_iteration(recipe, data, batch, device, args.iters) if data is not None else None
                 rate = flops / step / 1e9
                 rows.append((name, where, batch, iteration, step * 1e3, rate, rate / peaks[where], outside))
                 print(rows[-1], flush=True)
-    where_args = "--cuda-only" if args.cuda_only else f"--threads {' '.join(map(str, args.threads))}"
+    where_args = ("--cuda-only" if args.cuda_only else f"--threads {' '.join(map(str, args.threads))}") + (
+        " --paper" if args.paper else "")
     lines = [
         "## Throughput of the shipped recipes' networks" + (" on CUDA" if args.cuda_only else ""),
         "",
@@ -240,12 +252,14 @@ def main() -> None:
         " limit is a dense float32 2048 x 2048 matrix product in the same run"
         f" ({', '.join(f'{k}: {v:.0f} GFLOP/s' for k, v in peaks.items())}). Outside kernels: the share of the"
         " step's wall time that the profiler attributes to no operator's own work (Python, dispatch, autograd"
-        " bookkeeping, launches).",
+        " bookkeeping, launches)." + (f" {PAPER}: the paper's 32-px network (recipes/cifar10.toml, its preset's own"
+                                      " input shape) on random input; its training iteration needs CIFAR-10, which"
+                                      " is not here (—)." if args.paper else ""),
         "",
         "| network | device | batch | s / training iteration | ms / sampling step | GFLOP/s | of the limit |"
         " outside kernels |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        *(f"| {n} | {w} | {b} | {it:.2f} | {ms:.1f} | {r:.1f} | {f:.0%} | {o:.0%} |"
+        *(f"| {n} | {w} | {b} | {'—' if it is None else f'{it:.2f}'} | {ms:.1f} | {r:.1f} | {f:.0%} | {o:.0%} |"
           for n, w, b, it, ms, r, f, o in rows),
     ]
     write_section("throughput-cuda" if args.cuda_only else "throughput", "\n".join(lines))

@@ -50,7 +50,14 @@ class NoisedGaussianEnergy(_Gaussian):
 
     def __init__(self, mean: Tensor, cov: Tensor, sigma_min: float = 0.01, name: str = "noised-gaussian") -> None:
         super().__init__(mean, cov, name)
+        if not torch.allclose(self.cov, self.cov.T):
+            raise ValueError(f"cov must be symmetric; got {self.cov.tolist()}")
         self.sigma_min = float(sigma_min)
+        # cov = V diag(lam) V^T, so (cov + sigma^2 I)^{-1} = V diag(1 / (lam + sigma^2)) V^T at every level: products
+        # and sums only (no solve, which reads its status back to the host and cannot be captured in a CUDA graph)
+        eigenvalues, eigenvectors = torch.linalg.eigh(self.cov)
+        self.register_buffer("eigenvalues", eigenvalues)
+        self.register_buffer("eigenvectors", eigenvectors)
 
     def covariance(self, sigma: float) -> Tensor:
         """``cov + sigma^2 I``: the covariance of the data at noise level ``sigma``."""
@@ -60,7 +67,5 @@ class NoisedGaussianEnergy(_Gaussian):
         """Half the squared Mahalanobis distance under ``cov + sigma^2 I``, per item's level, ``(B,)``."""
         if sigma is None:
             sigma = torch.full((x.shape[0],), self.sigma_min, device=x.device, dtype=x.dtype)
-        eye = torch.eye(self.cov.shape[0], device=x.device, dtype=x.dtype)
-        cov = self.cov.to(x.dtype) + sigma.view(-1, 1, 1) ** 2 * eye  # (B, D, D)
-        d = x - self.mean.to(x.dtype)
-        return 0.5 * (d * torch.linalg.solve(cov, d.unsqueeze(-1)).squeeze(-1)).sum(dim=1)
+        along = (x - self.mean.to(x.dtype)) @ self.eigenvectors.to(x.dtype)  # (B, D): along the eigenvectors
+        return 0.5 * (along**2 / (self.eigenvalues.to(x.dtype) + sigma.view(-1, 1) ** 2)).sum(dim=1)

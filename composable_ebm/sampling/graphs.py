@@ -7,10 +7,12 @@ transition's kernels once and launches them all with one call. The chain's rando
 
 It applies where every one of these holds, and the chain runs eagerly otherwise, with the same results:
 
-- `enabled()` (``use_cuda_graphs(True)`` or the environment variable ``CEBM_CUDA_GRAPHS=1``; off by default);
+- `enabled()` (on by default; ``use_cuda_graphs(False)`` or the environment variable ``CEBM_CUDA_GRAPHS=0`` turns
+  it off);
 - the chain is on a CUDA device and at least `MIN_STEPS` transitions run with one setting;
 - the capture succeeds. It fails, for instance, for an energy that reads a value back to the host inside its
-  forward; the chain then runs eagerly and a warning says why, once per kind of energy. (The energies' own checks
+  forward; the chain then runs eagerly (its generator draws on as it would have), that energy is not captured
+  again, and a warning says why, once per kind of energy. (The energies' own checks
   that read back, label indices in range, are skipped while a graph is captured: `composable_ebm.energy.capturing`;
   the first transition ran them eagerly.)
 
@@ -40,20 +42,22 @@ MIN_STEPS = 8
 """fewer identical transitions than this run eagerly: the capture costs about three eager transitions"""
 MAX_GRAPHS_PER_ENERGY = 4
 
-_enabled = os.environ.get("CEBM_CUDA_GRAPHS", "0") == "1"
+_enabled = os.environ.get("CEBM_CUDA_GRAPHS", "1") != "0"
 _cache: weakref.WeakKeyDictionary[Any, dict[tuple, _Graph]] = weakref.WeakKeyDictionary()
+_failed: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()  # energies whose capture failed
 _warned: set[str] = set()
 
 
 def use_cuda_graphs(enabled: bool) -> None:
-    """Switch the replay of chains from CUDA graphs on or off for this process (``CEBM_CUDA_GRAPHS=1`` switches
-    it on at import)."""
+    """Switch the replay of chains from CUDA graphs on or off for this process (it is on unless the environment
+    variable ``CEBM_CUDA_GRAPHS=0`` switched it off at import)."""
     global _enabled
     if not isinstance(enabled, bool):
         raise TypeError(f"use_cuda_graphs takes true or false, got {enabled!r}")
     _enabled = enabled
     if not enabled:
         _cache.clear()
+        _failed.clear()
 
 
 def enabled() -> bool:
@@ -82,11 +86,20 @@ class _Graph:
             generator.set_state(saved)  # the warm-up's draws are not the chain's
             self.graph = torch.cuda.CUDAGraph()
             self.graph.register_generator_state(generator)
-            with torch.cuda.graph(self.graph):
-                new, info = step_fn(energy, self.state, config, generator, self.labels)
-                self.state.x.copy_(new.x)
-                self.state.energy.copy_(new.energy)
-                self.state.grad.copy_(new.grad)
+            try:
+                with torch.cuda.graph(self.graph):
+                    new, info = step_fn(energy, self.state, config, generator, self.labels)
+                    self.state.x.copy_(new.x)
+                    self.state.energy.copy_(new.energy)
+                    self.state.grad.copy_(new.grad)
+            except RuntimeError:
+                # the generator's state was registered with this graph, and a capture that did not end leaves it
+                # marked as capturing (every later draw from it would fail): the generator goes on with a copy of
+                # it, and the graphs captured before with the old state are dropped (a replay of one would not
+                # advance the copy)
+                generator.graphsafe_set_state(generator.clone_state())
+                _forget(generator)
+                raise
         finally:
             generator.set_state(saved)  # the chain's draws start where they would have without a capture
         self.info = info
@@ -110,6 +123,13 @@ class _Graph:
         return state, info
 
 
+def _forget(generator: torch.Generator) -> None:
+    """Drop every kept graph that replays ``generator``."""
+    for graphs in list(_cache.values()):
+        for key in [k for k, graph in graphs.items() if graph.generator is generator]:
+            del graphs[key]
+
+
 def _key(energy: Any, state: ChainState, config: SamplerConfig, generator: torch.Generator,
          labels: Labels | None, step_fn: Callable) -> tuple:
     owner, view = _identity(energy)
@@ -129,6 +149,8 @@ def _graph_for(step_fn: Callable, energy: Any, state: ChainState, config: Sample
                labels: Labels | None) -> _Graph | None:
     owner, _ = _identity(energy)
     try:
+        if owner in _failed:
+            return None
         graphs = _cache.setdefault(owner, {})
     except TypeError:  # an energy that cannot be weakly referenced: capture for this chain only
         graphs = {}
@@ -141,6 +163,10 @@ def _graph_for(step_fn: Callable, energy: Any, state: ChainState, config: Sample
         try:
             graph = _Graph(step_fn, energy, state, config, generator, labels)
         except RuntimeError as err:  # said once per kind of energy; the chain runs eagerly, with the same results
+            try:
+                _failed[owner] = True  # not tried again for this energy
+            except TypeError:
+                pass  # an energy that cannot be weakly referenced is tried again in its next chain
             kind = type(owner).__name__
             if kind not in _warned:
                 _warned.add(kind)
