@@ -313,8 +313,8 @@ def _scales(text: str | None) -> dict[str, float] | None:
     out = {}
     for item in text.split(","):
         attribute, _, value = item.partition("=")
-        if attribute not in COMPOSED or not value.replace(".", "", 1).isdigit():
-            raise SystemExit(f"--scales {text!r}: write ATTRIBUTE=SCALE,... with ATTRIBUTE one of {list(COMPOSED)}")
+        if attribute not in ATTRIBUTES or not value.replace(".", "", 1).isdigit():
+            raise SystemExit(f"--scales {text!r}: write ATTRIBUTE=SCALE,... with ATTRIBUTE one of {list(ATTRIBUTES)}")
         out[attribute] = float(value)
     return out
 
