@@ -90,7 +90,7 @@ def load_recipe(path: str | Path, settings: Sequence[str] = ()) -> Recipe:
         raw = _merge(raw, parse_setting(item))
     unknown = sorted(set(raw) - set(TABLES))
     if unknown:
-        raise InvalidInputError(f"{path}: unknown table(s) {unknown}; valid tables: ['data', 'model', 'sampling', 'trainer']")
+        raise InvalidInputError(f"{path}: unknown table(s) {unknown}; valid tables: {sorted(TABLES)}")
     try:
         for table in TABLES:
             if table in raw and not isinstance(raw[table], dict):
