@@ -43,6 +43,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks._report import write_section
 from benchmarks.sampling import _sync, matmul_gflops, step_flops
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
+from composable_ebm.sampling.graphs import enabled as graphs_enabled
 from composable_ebm.training import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,6 +240,13 @@ def main() -> None:
                 rate = flops / step / 1e9
                 rows.append((name, where, batch, iteration, step * 1e3, rate, rate / peaks[where], outside))
                 print(rows[-1], flush=True)
+    notes = ""
+    if any(kind == "cuda" for kind, _ in settings) and graphs_enabled():
+        notes += (" On CUDA the training iteration's chain is replayed from CUDA graphs"
+                  " (`composable_ebm.sampling.graphs`).")
+    if args.paper:
+        notes += (f" {PAPER}: the paper's 32-px network (recipes/cifar10.toml, its preset's own input shape) on random"
+                  " input; its training iteration needs CIFAR-10, which is not here (—).")
     where_args = ("--cuda-only" if args.cuda_only else f"--threads {' '.join(map(str, args.threads))}") + (
         " --paper" if args.paper else "")
     lines = [
@@ -252,9 +260,7 @@ def main() -> None:
         " limit is a dense float32 2048 x 2048 matrix product in the same run"
         f" ({', '.join(f'{k}: {v:.0f} GFLOP/s' for k, v in peaks.items())}). Outside kernels: the share of the"
         " step's wall time that the profiler attributes to no operator's own work (Python, dispatch, autograd"
-        " bookkeeping, launches)." + (f" {PAPER}: the paper's 32-px network (recipes/cifar10.toml, its preset's own"
-                                      " input shape) on random input; its training iteration needs CIFAR-10, which"
-                                      " is not here (—)." if args.paper else ""),
+        " bookkeeping, launches)." + notes,
         "",
         "| network | device | batch | s / training iteration | ms / sampling step | GFLOP/s | of the limit |"
         " outside kernels |",
