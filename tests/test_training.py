@@ -611,3 +611,66 @@ def test_cebm_train_set_changes_single_settings_lists_them_in_the_card_and_a_res
         result = runner.invoke(app, ["train", str(recipe), "--out", str(tmp_path / "new"), "--no-progress", *bad])
         assert result.exit_code != 0 and expected in result.output, (bad, result.output)
         assert "Traceback" not in result.output
+
+
+
+def test_the_cosine_schedule_warms_up_then_falls_from_lr_to_lr_min_by_the_last_step():
+    import math
+
+    from composable_ebm.training import learning_rate
+
+    config = TrainerConfig(lr=1e-3, lr_schedule="cosine", lr_min=1e-4, warmup_steps=4)
+    rates = [learning_rate(config, step, 101) for step in range(101)]
+    cosine = [1e-4 + 0.45e-3 * (1 + math.cos(math.pi * step / 100)) for step in range(101)]
+    assert rates[:4] == pytest.approx([c * (s + 1) / 4 for s, c in enumerate(cosine[:4])])  # the linear warm-up
+    assert rates[4:] == pytest.approx(cosine[4:])
+    assert rates[0] == pytest.approx(2.5e-4) and rates[50] == pytest.approx(5.5e-4) and rates[100] == pytest.approx(1e-4)
+    assert learning_rate(config, 500, 101) == pytest.approx(1e-4)  # past the last step it stays at lr_min
+    assert learning_rate(TrainerConfig(lr=3e-4), 77, 101) == 3e-4  # constant: lr throughout
+
+
+@pytest.mark.parametrize("setting, needle", [({"lr_schedule": "linear"}, "valid choices: ['constant', 'cosine']"),
+                                             ({"lr": 1e-3, "lr_min": 2e-3}, "lr_min"),
+                                             ({"warmup_steps": -1}, "warmup_steps")])
+def test_a_bad_learning_rate_schedule_is_refused_in_one_line(setting, needle):
+    with pytest.raises(InvalidInputError) as caught:
+        TrainerConfig(**setting)
+    assert needle in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_adam_steps_at_the_scheduled_rate_it_logs_and_a_stopped_run_resumes_on_the_same_curve(tmp_path):
+    """Each iteration's Adam step uses `learning_rate` of its step over the run's total and logs it; a run stopped
+    after 2 of 5 steps (as --max-minutes stops) and resumed ends at the weights of the run that went straight."""
+    from types import SimpleNamespace
+
+    from composable_ebm.training import learning_rate, read_log
+    from tests.test_diffusion import tiny_unet
+
+    images = torch.rand(32, 3, 8, 8)
+    labels = {"color": torch.randint(0, 2, (32,))}
+    config = TrainerConfig(steps=5, batch_size=4, lr=1e-3, lr_schedule="cosine", lr_min=1e-5, warmup_steps=2,
+                           betas=(0.9, 0.999), log_every=1, checkpoint_every=1, ema_decay=0.9)
+
+    def trainer(out):
+        torch.manual_seed(0)
+        return Trainer(tiny_unet(), SimpleNamespace(images=images, labels=labels), config, out_dir=out)
+
+    straight = trainer(tmp_path / "straight")
+    seen = []
+    straight.fit(callback=lambda step, record: seen.append((record.lr, straight.optimizer.param_groups[0]["lr"])))
+    expected = [learning_rate(config, step, 5) for step in range(5)]
+    assert [a for a, _ in seen] == pytest.approx(expected) and [b for _, b in seen] == pytest.approx(expected)
+    assert len(set(expected)) == 5  # warm-up and cosine: every step at its own rate
+    logged = [r["lr"] for r in read_log(tmp_path / "straight" / "log.jsonl") if "lr" in r]
+    assert logged == pytest.approx(expected)
+    straight.close()
+
+    first = trainer(tmp_path / "resumed")
+    assert first.fit(should_stop=lambda: first.step >= 2).stopped
+    first.close()
+    again = trainer(tmp_path / "resumed")
+    assert again.resume(tmp_path / "resumed" / "checkpoint.pt") and again.step == 2
+    again.fit()
+    for (name, p), q in zip(straight.energy.state_dict().items(), again.energy.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+    again.close()

@@ -2,6 +2,7 @@
 
 from composable_ebm.training.buffer import ReplayBuffer
 from composable_ebm.training.checkpoint import load_checkpoint, save_atomic
+from composable_ebm.training.config import learning_rate
 from composable_ebm.training.faults import TrainingDiverged
 from composable_ebm.training.log import RunLog, read_log
 from composable_ebm.training.losses import (
@@ -42,6 +43,7 @@ __all__ = [
     "load_checkpoint",
     "nearest_neighbour_distance",
     "label_loss",
+    "learning_rate",
     "opt_loss",
     "other_values",
     "read_log",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -18,6 +19,7 @@ RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every", "precis
 # settings removed from TrainerConfig, with the value that behaves as the trainer does now: a checkpoint that saved
 # that value resumes as if the setting had never been there
 REMOVED_SETTINGS = {"negative_labels": "positives"}
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,15 @@ class TrainerConfig(JSONConfig):
     batch_size: int = 16
     """Positives (and chains) per iteration and rank."""
     lr: float = 2e-4
-    """Adam (authors' code)"""
+    """Adam (authors' code); the peak of `lr_schedule`"""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """How the learning rate moves over the run (`learning_rate`): ``constant`` keeps `lr`; ``cosine`` lowers it
+    from `lr` to `lr_min` along a half cosine (Loshchilov & Hutter 2017) by the run's last step (``--steps``, or
+    `steps`); a run resumed with another total continues on the new curve from its step"""
+    lr_min: float = 0.0
+    """where the cosine schedule ends"""
+    warmup_steps: int = 0
+    """the first this many steps raise the learning rate linearly from ``lr / warmup_steps`` to the schedule's"""
     betas: tuple[float, float] = (0.0, 0.9)
     """Adam betas (authors' code)"""
     grad_clip: float | None = 0.5
@@ -120,6 +130,11 @@ class TrainerConfig(JSONConfig):
         check_size(owner, "seed", self.seed, low=0, high=2**62)  # rollbacks and ranks add offsets to it
         check_range(owner, "label_dropout", self.label_dropout, 0.0, 1.0, high_open=True)
         check_range(owner, "lr", self.lr, 0.0, low_open=True)
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise InvalidInputError(f"unknown TrainerConfig.lr_schedule {self.lr_schedule!r}; valid choices:"
+                                    f" {list(LR_SCHEDULES)}")
+        check_range(owner, "lr_min", self.lr_min, 0.0, self.lr)
+        check_size(owner, "warmup_steps", self.warmup_steps, low=0, high=1 << 40)
         for i, beta in enumerate(self.betas):
             check_range(owner, f"betas[{i}]", beta, 0.0, 1.0, high_open=True)
         if self.grad_clip is not None:
@@ -146,6 +161,19 @@ class TrainerConfig(JSONConfig):
             raise ValueError(f"unknown on_fault {self.on_fault!r}; valid choices: ['rollback', 'stop']")
         if self.batch_size < 1 or self.steps < 0 or self.log_every < 1 or self.checkpoint_every < 1:
             raise ValueError("batch_size, log_every and checkpoint_every must be >= 1 and steps >= 0")
+
+
+def learning_rate(config: TrainerConfig, step: int, total: int) -> float:
+    """The learning rate of iteration ``step`` (from 0) of a run of ``total`` iterations under ``config``'s
+    `lr_schedule` and `warmup_steps`."""
+    if config.lr_schedule == "cosine":
+        progress = min(step / max(total - 1, 1), 1.0)
+        rate = config.lr_min + 0.5 * (config.lr - config.lr_min) * (1.0 + math.cos(math.pi * progress))
+    else:
+        rate = config.lr
+    if step < config.warmup_steps:
+        rate *= (step + 1) / config.warmup_steps
+    return rate
 
 
 class TrainingData(Protocol):

@@ -29,6 +29,7 @@ class StepRecord:
     grad_norm_cd: float | None = None  # |d L_CD / d params|, on logged steps
     grad_norm_kl: float | None = None  # |d L_KL / d params|, on logged steps with a KL term
     grad_norm: float | None = None  # |d loss / d params| before clipping, once the backward pass ran
+    lr: float | None = None  # the learning rate of this iteration's Adam step (`TrainerConfig.lr_schedule`)
     seconds: float | None = None  # wall time of the iteration
     images_per_second: float | None = None  # positives per second over every rank
 

@@ -39,7 +39,7 @@ from composable_ebm.errors import InvalidInputError
 from composable_ebm.images import as_float_images
 from composable_ebm.sampling import augment, initial_noise, run_chain
 from composable_ebm.training.buffer import ReplayBuffer
-from composable_ebm.training.config import TrainerConfig, TrainingData
+from composable_ebm.training.config import TrainerConfig, TrainingData, learning_rate
 from composable_ebm.training.denoising import DenoisingObjective, DenoisingOutput
 from composable_ebm.training.faults import Fault, TrainingDiverged, fault_reason, raise_if_any_rank_faulted
 from composable_ebm.training.lock import RunLock
@@ -273,6 +273,10 @@ class Trainer(TrainingState):
         record.grad_norm = float(total)
         if not math.isfinite(record.grad_norm):
             raise Fault(f"non-finite gradient norm {record.grad_norm}")
+        total = self._fit_total if self._fit_total > 0 else self.config.steps
+        record.lr = learning_rate(self.config, self.step, total)
+        for group in self.optimizer.param_groups:
+            group["lr"] = record.lr
         self.optimizer.step()
         self._update_ema()
 
