@@ -273,8 +273,8 @@ class Trainer(TrainingState):
         record.grad_norm = float(total)
         if not math.isfinite(record.grad_norm):
             raise Fault(f"non-finite gradient norm {record.grad_norm}")
-        total = self._fit_total if self._fit_total > 0 else self.config.steps
-        record.lr = learning_rate(self.config, self.step, total)
+        run_steps = self._fit_total if self._fit_total > 0 else self.config.steps  # outside fit: the config's steps
+        record.lr = learning_rate(self.config, self.step, run_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = record.lr
         self.optimizer.step()
