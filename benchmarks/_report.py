@@ -8,13 +8,19 @@ from pathlib import Path
 
 import torch
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks.md"
 HEADER = "# Benchmarks\n\nEach section is written by the script it names; rerun the script to refresh it.\n"
 
 
 def machine() -> str:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
     return f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, device: {dev}"
+
+
+def shown(path: Path) -> str:
+    """A path as a command in docs/benchmarks.md gives it: from the repository's root when it lies inside."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def write_section(name: str, body: str) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._report import machine, write_section
+from benchmarks._report import machine, shown, write_section
 from benchmarks._shapes import ATTRIBUTES, HOLDOUT, ROOT, load_run, shapes_classifier, train_run
 from composable_ebm import shapes
 from composable_ebm.evaluation import conditional_report, heldout_energy_gap
@@ -91,7 +91,7 @@ def main() -> None:
     lines = [
         f"## Conditional attribute models on Shapes ({args.label})",
         "",
-        f"`python -m benchmarks.conditional --runs {args.runs.relative_to(ROOT) if args.runs.is_relative_to(ROOT) else args.runs}"
+        f"`python -m benchmarks.conditional --runs {shown(args.runs)}"
         f" --label {args.label}"
         f"{' --recipes ' + args.recipes if args.recipes != parser.get_default('recipes') else ''}` on {machine()}.",
         f"{args.n} samples per value with each model's default sampler settings, read by the Shapes attribute",

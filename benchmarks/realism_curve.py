@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks._report import machine, write_section
+from benchmarks._report import machine, shown, write_section
 from benchmarks._shapes import ROOT, snapshot_path
 from benchmarks.realism import measure_model
 from composable_ebm.persistence import load_model
@@ -72,17 +72,13 @@ def curve(run: Path, model, classifier, n: int, every: int, split: str) -> list[
             continue
         model.load_state_dict(load_file(snap), strict=True)
         rows = measure_model(model, classifier, n, seed=0, sampler_overrides={}, split=split)
-        point = {"run": _shown(run), "step": step, "minutes": clock.get(step, float("nan")) / 60,
+        point = {"run": shown(run), "step": step, "minutes": clock.get(step, float("nan")) / 60,
                  "fid_ratio_median": statistics.median(r["fid_ratio"] for r in rows),
                  "hf_ratio_median": statistics.median(r["hf_ratio"] for r in rows),
                  "accuracy_mean": statistics.mean(r["accuracy"] for r in rows)}
         points.append(point)
         print(json.dumps(point), flush=True)
     return points
-
-
-def _shown(run: Path) -> str:
-    return str(run.relative_to(ROOT)) if run.is_relative_to(ROOT) else str(run)
 
 
 def main() -> None:
@@ -123,7 +119,7 @@ def main() -> None:
         f"## Realism against training time: {model.name} ({args.recipe.as_posix()})"
         + (", " + " against ".join(run.name for run in runs) if several else ""),
         "",
-        f"`python -m benchmarks.realism_curve --run {' '.join(_shown(run) for run in runs)}"
+        f"`python -m benchmarks.realism_curve --run {' '.join(shown(run) for run in runs)}"
         f" --recipe {args.recipe} --every {args.every} --n {args.n} --split {args.split}"
         + (f" --label {args.label}" if args.label else "") + f"` on {machine()}: the EMA weights of every"
         f" {args.every}th-step checkpoint, {args.n} samples per value",
