@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from composable_ebm.errors import InvalidInputError
 
@@ -71,11 +72,43 @@ def as_index(value: Any, device: torch.device) -> Tensor:
     return torch.as_tensor(value, device=device).long()
 
 
+_RANGES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # index tensor -> (its version, smallest, largest)
+
+
+def index_range(idx: Tensor) -> tuple[int, int]:
+    """The smallest and largest entry of a non-empty integer tensor, read back to the host once per tensor (again
+    only after an in-place change). A chain evaluates its energy with one labels tensor at every step, and on a GPU
+    each read waits for the device to finish its queue."""
+    if idx.is_inference():  # no version counter to tell a changed tensor by: read it every time
+        return tuple(torch.stack(torch.aminmax(idx)).tolist())
+    known = _RANGES.get(idx)
+    if known is None or known[0] != idx._version:
+        known = (idx._version, *torch.stack(torch.aminmax(idx)).tolist())
+        _RANGES[idx] = known
+    return known[1], known[2]
+
+
 def capturing() -> bool:
     """Whether a CUDA graph is being captured on the current stream (`composable_ebm.sampling.graphs`): checks that
     read a value back to the host (label indices in range) are skipped then, since the eager run before the capture
     made them."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _label_range(value: Any, index: Tensor, idx: Tensor) -> tuple[int, int] | None:
+    """The smallest and largest index of a label given as ``value`` (``index`` as a tensor, ``idx`` broadcast to the
+    batch), or ``None`` where it is not checked: an empty batch, or a CUDA graph being captured (the eager run before
+    the capture checked it). An integer is read as it is, a tensor by `index_range`; the broadcast view is recorded
+    with the same range, so the network's own check (`index_range` again) reads nothing back."""
+    if isinstance(value, Integral):
+        found = (int(value), int(value))
+    elif index.numel() == 0 or capturing():
+        return None
+    else:
+        found = index_range(index)
+    if idx is not index and not idx.is_inference():
+        _RANGES[idx] = (idx._version, *found)
+    return found
 
 
 class Energy(nn.Module):
@@ -217,14 +250,14 @@ class Energy(nn.Module):
         out: dict[str, Tensor] = {}
         for attr, value in labels.items():
             values = self._check_attribute(attr)
-            idx = as_index(value, device)
-            if idx.ndim == 0:
-                idx = idx.expand(batch_size)
+            index = as_index(value, device)
+            idx = index.expand(batch_size) if index.ndim == 0 else index
             if idx.shape != (batch_size,):
                 raise ValueError(
                     f"labels[{attr!r}] must be a scalar or have shape ({batch_size},), got {tuple(idx.shape)}"
                 )
-            if idx.numel() and not capturing() and (int(idx.min()) < NULL or int(idx.max()) >= len(values)):
+            found = _label_range(value, index, idx)
+            if found is not None and (found[0] < NULL or found[1] >= len(values)):
                 raise ValueError(
                     f"labels[{attr!r}] holds an index outside 0..{len(values) - 1} (or {NULL}, unbound);"
                     f" valid values: {list(values)}"

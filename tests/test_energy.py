@@ -197,3 +197,59 @@ def test_device_follows_parameters_or_buffers_and_defaults_to_cpu(parts):
             return x.sum(1)
 
     assert Empty((2,), value_range=None).device == torch.device("cpu")
+
+
+class _Means(Energy):
+    """A conditional energy with no network: ``|x - mean[color]|^2 / 2``."""
+
+    def __init__(self) -> None:
+        super().__init__((2,), value_range=None, attributes={"color": ("red", "green", "blue")})
+        self.register_buffer("means", torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 0.0]]))
+
+    def energy(self, x, labels):
+        return 0.5 * ((x - self.means[labels["color"].clamp(min=0)]) ** 2).sum(dim=1)
+
+
+def _read_backs(monkeypatch) -> list[int]:
+    """A counter of the values read back from tensors to Python (on a GPU, each waits for the device)."""
+    count = [0]
+    tolist, scalar = torch.Tensor.tolist, torch.Tensor.__int__
+
+    def counted_tolist(self):
+        count[0] += 1
+        return tolist(self)
+
+    def counted_int(self):
+        count[0] += 1
+        return scalar(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    monkeypatch.setattr(torch.Tensor, "__int__", counted_int)
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: (count.__setitem__(0, count[0] + 1), scalar(self))[1])
+    return count
+
+
+@pytest.mark.parametrize("steps", [5, 25])
+def test_a_chain_checks_its_labels_once_not_at_every_step(monkeypatch, steps):
+    """The label indices' range check reads a labels tensor back once: a chain of 5 steps and one of 25 read the
+    same number of values back (before, every energy evaluation read the smallest and largest index)."""
+    from composable_ebm.sampling import SamplerConfig, run_chain
+
+    energy, labels = _Means(), {"color": torch.tensor([0, 1, 2, 1])}
+    count = _read_backs(monkeypatch)
+    run_chain(energy, torch.zeros(4, 2), SamplerConfig(step_size=0.1, noise=0.01, steps=steps, clamp=False),
+              torch.Generator().manual_seed(0), labels)
+    assert count[0] == 1
+
+
+def test_a_labels_tensor_changed_in_place_after_its_check_is_checked_again():
+    energy, labels = _Means(), torch.tensor([0, 1, 2, 1])
+    x = torch.zeros(4, 2)
+    energy(x, {"color": labels})
+    labels[2] = 3  # the same tensor, now out of range
+    with pytest.raises(ValueError, match=r"outside 0..2.*valid values: \['red', 'green', 'blue'\]"):
+        energy(x, {"color": labels})
+    for bad in (5, torch.tensor(5), torch.tensor([0, -2, 1, 1])):  # an integer, a 0-d tensor, below the null index
+        with pytest.raises(ValueError, match="outside 0..2"):
+            energy(x, {"color": bad})
+    torch.testing.assert_close(energy(x, {"color": 1}), energy(x, {"color": torch.tensor(1)}))

@@ -14,7 +14,7 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm as _spectral_norm
 
-from composable_ebm.energy import Labels, capturing
+from composable_ebm.energy import Labels, capturing, index_range
 from composable_ebm.errors import InvalidInputError
 
 Norm = Literal["group", "instance", "none"]
@@ -168,7 +168,8 @@ class AttributeCodes:
         parts = []
         for attr, values in self.attributes.items():
             idx = labels.get(attr) if labels is not None else None
-            if not self.config.null_condition and (idx is None or (not capturing() and bool((idx < 0).any()))):
+            if not self.config.null_condition and (
+                    idx is None or (idx.numel() > 0 and not capturing() and index_range(idx)[0] < 0)):
                 raise InvalidInputError(
                     f"{self.name} was trained without a null condition (label dropout), so it has no"
                     f" unconditional energy; bind its attribute: {self.name}[{attr}=...] with one of {list(values)}"

@@ -216,10 +216,10 @@ class Trainer(TrainingState):
         if self.denoising:
             with network_precision(self.device, cfg.precision):
                 noised: DenoisingOutput = self.objective(x_pos, pos_labels or None, self.generator)
-            record = StepRecord(loss=float(noised.loss.detach()), loss_dsm=float(noised.loss.detach()),
-                                e_noised=float(noised.energy))
-            raise_if_any_rank_faulted(fault_reason(record, cfg.max_energy_diff), self.device)
-            self._update(noised.loss, record)
+            grad_norm = self._backward(noised.loss)
+            read = _read_stats(loss=noised.loss, e_noised=noised.energy, grad_norm=grad_norm)
+            record = StepRecord(**read, loss_dsm=read["loss"])
+            self._update(record)
             self.step += 1
             record.seconds = time.perf_counter() - t0
             record.images_per_second = cfg.batch_size * self.world_size / record.seconds
@@ -236,41 +236,37 @@ class Trainer(TrainingState):
             bank, _ = self.buffer.sample(cfg.ent_bank, self.generator)
         others = other_values(pos_labels, model.attributes, self.generator) if cfg.label_weight and pos_labels else None
         out: ObjectiveOutput = self.objective(x_pos, pos_labels or None, x, labels, self.generator, bank, others)
-        loss = out.loss
-        record = StepRecord(
-            loss=float(loss.detach()),
-            loss_cd=float(out.cd.detach()),
-            loss_opt=float(out.opt.detach()) if out.opt is not None else None,
-            loss_ent=float(out.ent.detach()) if out.ent is not None else None,
-            loss_label=float(out.label.detach()) if out.label is not None else None,
-            e_pos=float(out.e_pos),
-            e_neg=float(out.e_neg),
-            e_diff=float(out.e_pos - out.e_neg),
-            langevin_grad_norm=float(out.langevin_grad_norm),
-        )
-        raise_if_any_rank_faulted(fault_reason(record, cfg.max_energy_diff), self.device)
         logging = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == self._fit_total  # a run logs its last step
         params = [p for p in model.parameters() if p.requires_grad]
+        per_term = {}
         if logging:  # gradient norms of L_CD and L_KL separately (the paper's figure of their magnitudes)
-            record.grad_norm_cd = _param_grad_norm(out.cd, params)
-            record.grad_norm_kl = _param_grad_norm(out.kl, params) if out.kl is not None else None
-        self._update(loss, record)
+            per_term["grad_norm_cd"] = _param_grad_norm(out.cd, params)
+            per_term["grad_norm_kl"] = _param_grad_norm(out.kl, params) if out.kl is not None else None
+        grad_norm = self._backward(out.loss)
+        record = StepRecord(**_read_stats(
+            loss=out.loss, loss_cd=out.cd, loss_opt=out.opt, loss_ent=out.ent, loss_label=out.label, e_pos=out.e_pos,
+            e_neg=out.e_neg, e_diff=out.e_pos - out.e_neg, langevin_grad_norm=out.langevin_grad_norm,
+            grad_norm=grad_norm), **per_term)
+        self._update(record)
         self.buffer.add(out.x_neg, neg_labels, self.generator)
         self.step += 1
         record.seconds = time.perf_counter() - t0
         record.images_per_second = cfg.batch_size * self.world_size / record.seconds
         return record
 
-    def _update(self, loss: Tensor, record: StepRecord) -> None:
-        """Backward, clip, Adam, EMA; the gradient norm goes into ``record`` (a non-finite one is a `Fault`)."""
+    def _backward(self, loss: Tensor) -> Tensor:
+        """Backward and clip; returns the gradient norm before clipping, on the device (nothing is read back)."""
         params = [p for p in self.energy.parameters() if p.requires_grad]
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.config.grad_clip is not None:
-            total = nn.utils.clip_grad_norm_(params, self.config.grad_clip)
-        else:
-            total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-        record.grad_norm = float(total)
+            return nn.utils.clip_grad_norm_(params, self.config.grad_clip)
+        return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+
+    def _update(self, record: StepRecord) -> None:
+        """Adam and the EMA, once ``record``'s statistics show no fault (`fault_reason`, a non-finite gradient norm:
+        `Fault`, and the backward pass's gradients are left unused)."""
+        raise_if_any_rank_faulted(fault_reason(record, self.config.max_energy_diff), self.device)
         if not math.isfinite(record.grad_norm):
             raise Fault(f"non-finite gradient norm {record.grad_norm}")
         run_steps = self._fit_total if self._fit_total > 0 else self.config.steps  # outside fit: the config's steps
@@ -352,6 +348,14 @@ class Trainer(TrainingState):
     def _log(self, record: dict[str, Any]) -> None:
         if self.log is not None:
             self.log.append(record)
+
+
+def _read_stats(**stats: Tensor | None) -> dict[str, float | None]:
+    """Scalar tensors as floats, read back in one copy: on a GPU the iteration waits for the device once, not once
+    per statistic. ``None`` stays ``None``."""
+    names = [k for k, v in stats.items() if v is not None]
+    values = torch.stack([stats[k].detach().float().reshape(()) for k in names]).tolist() if names else []
+    return {**stats, **dict(zip(names, values))}
 
 
 def _param_grad_norm(loss: Tensor, params: list[Tensor]) -> float:
