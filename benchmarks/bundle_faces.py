@@ -100,8 +100,9 @@ def _quality(attribute: str, rows: list[dict], classifier_name: str) -> list[str
              f"`python -m benchmarks.faces` ({n} samples per row with the model's own sampler settings, read by"
              f" `{classifier_name}`). FID ratio: FID in the classifier's features against fresh renders of the value,"
              " over the floor of as many fresh renders (1 = as close as real images); HF ratio: high-frequency energy"
-             " over the renders'; gap: the largest difference between the samples' and the data's mix of another"
-             " attribute.", "", *alone_table(alone, model_column=False)]
+             " over the renders'; gap: the largest difference between the samples' mix of another attribute and the"
+             " renders' under that value, every render or the training split (the held-out triple left out, as this"
+             " model saw them).", "", *alone_table(alone, model_column=False)]
     named = [r for r in rows if r["kind"] == "conjunction" and attribute in r["target"]]
     if named:
         lines += ["", "Every conjunction with the other faces models that names this model's attribute:", ""]
