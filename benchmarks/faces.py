@@ -7,6 +7,9 @@ On two cores, as two one-thread shards and a merge::
     python -m benchmarks.faces --shard 0/2 --threads 1 & python -m benchmarks.faces --shard 1/2 --threads 1
     python -m benchmarks.faces --merge 2
 
+A shard saves its rows as it goes: ``--resume`` (with the same settings) goes on from the last row an interrupted
+shard measured, with the same samples, as each row draws from its own seed.
+
 Reads ``MODELS/faces-<attribute>/model`` for smiling, glasses, hat and hair (or a bundled name, with ``--models
 bundled``), samples every row as a user does (``energy.sample(n, seed=...)`` with the models' own settings) and
 reads the samples with the faces classifier:
@@ -52,6 +55,7 @@ from safetensors.torch import load_file, save_file
 
 from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid
+from composable_ebm.atomic import write_atomic
 from composable_ebm.data import FACES_ATTRIBUTES, faces
 from composable_ebm.energy import Guided
 from composable_ebm.evaluation.conditional import max_deviation, value_distribution
@@ -160,6 +164,30 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
         row["shares"] = {c: float((read["hair"] == FACES_ATTRIBUTES["hair"].index(c)).float().mean())
                          for c in job["want"]["hair"]}
     return row, samples[:SHEET_SAMPLES]
+
+
+def _save_shard(table: Path, tensors: Path, rows: list[dict], samples: dict[str, torch.Tensor], minutes: float,
+                settings: dict) -> None:
+    """A shard's rows so far and their first samples, each file replaced whole (an interrupted write keeps the last)."""
+    write_atomic(tensors, lambda tmp: save_file(samples, tmp))
+    text = json.dumps({"rows": rows, "minutes": minutes, **settings}, indent=1)
+    write_atomic(table, lambda tmp: Path(tmp).write_text(text))
+
+
+def _resumed(table: Path, tensors: Path, settings: dict) -> tuple[list[dict], dict[str, torch.Tensor], float]:
+    """The rows, samples and minutes an interrupted shard saved (none if it saved nothing). A shard measured with
+    other settings is refused in one line, so a table never mixes two."""
+    if not table.is_file():
+        return [], {}, 0.0
+    saved = json.loads(table.read_text())
+    differ = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
+    if differ:
+        raise SystemExit(f"--resume: {table} was measured with other settings ("
+                         + ", ".join(f"{k} {old!r}, now {new!r}" for k, (old, new) in differ.items())
+                         + "); rerun without --resume, or with its settings")
+    samples = load_file(str(tensors))
+    rows = [r for r in saved["rows"] if str(r["index"]) in samples]
+    return rows, {str(r["index"]): samples[str(r["index"])] for r in rows}, saved["minutes"]
 
 
 def _paths(out: Path, label: str, shard: tuple[int, int]) -> tuple[Path, Path]:
@@ -343,6 +371,8 @@ def main() -> None:
     parser.add_argument("--shard", default="0/1", help="I/K: measure every K-th row from the I-th")
     parser.add_argument("--merge", type=int, default=None, metavar="K", help="merge K shards and write the report")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--resume", action="store_true",
+                        help="go on with the rows an interrupted shard of this --label saved (same settings only)")
     parser.add_argument("--only", choices=["guided", "alone"], default=None,
                         help="a screen: only the guided conjunctions, or each model alone, reported in a short table")
     parser.add_argument("--scales", default=None, metavar="ATTRIBUTE=SCALE,...",
@@ -380,18 +410,22 @@ def main() -> None:
     start = time.perf_counter()
     classifier = load(args.classifier)
     data = faces(20000, seed=0, size=16)  # the training renders, held-out faces included: the reference set
-    rows, samples = [], {}
+    table, tensors = _paths(args.out, args.label, shard)
+    settings = {"models": args.models, "classifier": args.classifier, "n": args.n, "scales": args.scales,
+                "ladder": ladder, "only": args.only}
+    rows, samples, before = _resumed(table, tensors, settings) if args.resume else ([], {}, 0.0)
+    done = {r["index"] for r in rows}
     for job in todo[shard[0]::shard[1]]:
+        if job["index"] in done:
+            continue
         row, first = measure(job, args.models, classifier, data, fresh, args.n, scales, ladder)
         rows.append(row)
         samples[str(job["index"])] = first.contiguous()
+        minutes = before + (time.perf_counter() - start) / 60
+        _save_shard(table, tensors, rows, samples, minutes, settings)  # after every row: --resume goes on from here
         print(json.dumps({k: row[k] for k in ("index", "expression", "joint", "fid_ratio")}), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    table, tensors = _paths(args.out, args.label, shard)
-    save_file(samples, str(tensors))
-    minutes = (time.perf_counter() - start) / 60
-    table.write_text(json.dumps({"rows": rows, "minutes": minutes, "models": args.models, "scales": args.scales,
-                                 "ladder": ladder}, indent=1))
+    minutes = before + (time.perf_counter() - start) / 60
+    _save_shard(table, tensors, rows, samples, minutes, settings)
     if shard[1] == 1:
         _write(args, rows, samples, fresh, minutes, args.models, args.scales, ladder)
 

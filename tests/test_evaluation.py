@@ -225,3 +225,24 @@ def test_the_blind_training_mix_is_the_training_split_seen_without_colour():
     assert "color" not in red and abs(red["shape"]["circle"] - 0.25) < 0.02
     circle = blind_training_mix("shape", 0, attributes, seed=0)
     assert abs(circle["size"]["small"] - 0.5) < 0.05 and circle["color"]["red"] == 1 / 3
+
+
+def test_an_interrupted_faces_table_shard_resumes_with_its_rows_and_refuses_other_settings(tmp_path):
+    from benchmarks.faces import _paths, _resumed, _save_shard
+
+    table, tensors = _paths(tmp_path, "t", (1, 2))
+    settings = {"models": "bundled", "classifier": "faces-classifier", "n": 8, "scales": None, "ladder": {},
+                "only": "alone"}
+    rows = [{"index": 1, "joint": 1.0}, {"index": 3, "joint": 0.5}]
+    samples = {"1": torch.rand(2, 3, 4, 4), "3": torch.rand(2, 3, 4, 4)}
+    _save_shard(table, tensors, rows, samples, 2.5, settings)
+    got, got_samples, minutes = _resumed(table, tensors, settings)
+    assert got == rows and minutes == 2.5 and set(got_samples) == {"1", "3"}
+    torch.testing.assert_close(got_samples["3"], samples["3"])
+    assert _resumed(tmp_path / "none.json", tensors, settings) == ([], {}, 0.0)  # nothing saved: start afresh
+    with pytest.raises(SystemExit, match=r"other settings \(n 8, now 64\)"):
+        _resumed(table, tensors, {**settings, "n": 64})
+    # a row whose samples were not saved with it is measured again
+    _save_shard(table, tensors, rows, {"1": samples["1"]}, 2.5, settings)
+    assert [r["index"] for r in _resumed(table, tensors, settings)[0]] == [1]
+    assert not list(tmp_path.glob(".*.tmp"))  # each file was replaced whole
