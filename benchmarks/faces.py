@@ -7,8 +7,8 @@ On two cores, as two one-thread shards and a merge::
     python -m benchmarks.faces --shard 0/2 --threads 1 & python -m benchmarks.faces --shard 1/2 --threads 1
     python -m benchmarks.faces --merge 2
 
-A shard saves its rows as it goes: ``--resume`` (with the same settings) goes on from the last row an interrupted
-shard measured, with the same samples, as each row draws from its own seed.
+A shard saves its rows as it goes: ``--resume`` (with the same settings, the models unchanged) goes on from the last
+row an interrupted shard measured, with the same samples, as each row draws from its own seed.
 
 Reads ``MODELS/faces-<attribute>/model`` for smiling, glasses, hat and hair (or a bundled name, with ``--models
 bundled``), samples every row as a user does (``energy.sample(n, seed=...)`` with the models' own settings) and
@@ -156,9 +156,9 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
         (a, (v,)), = job["want"].items()
         under = _matching(data.labels, job["want"])
         trained = under & ~_matching(data.labels, {b: [w] for b, w in HELD_OUT.items()})
-        for key, rows in (("gaps", under), ("gaps_training", trained)):  # to every render; to the models' data
+        for key, among in (("gaps", under), ("gaps_training", trained)):  # to every render; to the models' data
             row[key] = {b: max_deviation(value_distribution(read[b], FACES_ATTRIBUTES[b]),
-                                         value_distribution(data.labels[b][rows], FACES_ATTRIBUTES[b]))
+                                         value_distribution(data.labels[b][among], FACES_ATTRIBUTES[b]))
                         for b in ATTRIBUTES if b != a}
     if job["kind"] == "or":
         row["shares"] = {c: float((read["hair"] == FACES_ATTRIBUTES["hair"].index(c)).float().mean())
