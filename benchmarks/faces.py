@@ -56,7 +56,7 @@ from safetensors.torch import load_file, save_file
 from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid
 from composable_ebm.atomic import write_atomic
-from composable_ebm.data import FACES_ATTRIBUTES, faces
+from composable_ebm.data import FACES_ATTRIBUTES, combination_mask, faces
 from composable_ebm.energy import Guided
 from composable_ebm.evaluation.conditional import max_deviation, value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism
@@ -155,7 +155,7 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
     if job["kind"] == "alone":
         (a, (v,)), = job["want"].items()
         under = _matching(data.labels, job["want"])
-        trained = under & ~_matching(data.labels, {b: [w] for b, w in HELD_OUT.items()})
+        trained = under & ~combination_mask(data.labels, FACES_ATTRIBUTES, [HELD_OUT])  # as the models' data
         for key, among in (("gaps", under), ("gaps_training", trained)):  # to every render; to the models' data
             row[key] = {b: max_deviation(value_distribution(read[b], FACES_ATTRIBUTES[b]),
                                          value_distribution(data.labels[b][among], FACES_ATTRIBUTES[b]))

@@ -79,13 +79,19 @@ def index_range(idx: Tensor) -> tuple[int, int]:
     """The smallest and largest entry of a non-empty integer tensor, read back to the host once per tensor (again
     only after an in-place change). A chain evaluates its energy with one labels tensor at every step, and on a GPU
     each read waits for the device to finish its queue."""
-    if idx.is_inference():  # no version counter to tell a changed tensor by: read it every time
-        return tuple(torch.stack(torch.aminmax(idx)).tolist())
-    known = _RANGES.get(idx)
-    if known is None or known[0] != idx._version:
-        known = (idx._version, *torch.stack(torch.aminmax(idx)).tolist())
-        _RANGES[idx] = known
-    return known[1], known[2]
+    known = None if idx.is_inference() else _RANGES.get(idx)
+    if known is not None and known[0] == idx._version:
+        return known[1], known[2]
+    low, high = torch.stack(torch.aminmax(idx)).tolist()
+    _remember_range(idx, low, high)
+    return low, high
+
+
+def _remember_range(idx: Tensor, low: int, high: int) -> None:
+    """Record ``idx``'s range for `index_range`, unless it is an inference tensor (no version counter to tell a
+    changed tensor by: it is read every time)."""
+    if not idx.is_inference():
+        _RANGES[idx] = (idx._version, low, high)
 
 
 def capturing() -> bool:
@@ -106,8 +112,8 @@ def _label_range(value: Any, index: Tensor, idx: Tensor) -> tuple[int, int] | No
         return None
     else:
         found = index_range(index)
-    if idx is not index and not idx.is_inference():
-        _RANGES[idx] = (idx._version, *found)
+    if idx is not index:
+        _remember_range(idx, *found)
     return found
 
 

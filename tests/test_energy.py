@@ -213,19 +213,15 @@ class _Means(Energy):
 def _read_backs(monkeypatch) -> list[int]:
     """A counter of the values read back from tensors to Python (on a GPU, each waits for the device)."""
     count = [0]
-    tolist, scalar = torch.Tensor.tolist, torch.Tensor.__int__
 
-    def counted_tolist(self):
-        count[0] += 1
-        return tolist(self)
+    def counted(read):
+        def wrapper(self):
+            count[0] += 1
+            return read(self)
+        return wrapper
 
-    def counted_int(self):
-        count[0] += 1
-        return scalar(self)
-
-    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
-    monkeypatch.setattr(torch.Tensor, "__int__", counted_int)
-    monkeypatch.setattr(torch.Tensor, "item", lambda self: (count.__setitem__(0, count[0] + 1), scalar(self))[1])
+    for name in ("tolist", "item", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
     return count
 
 
