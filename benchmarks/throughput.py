@@ -27,7 +27,9 @@ With ``--cuda-graphs`` (a CUDA device needed) it times a training iteration and 
 on the GPU with the chain's transitions replayed from CUDA graphs (`composable_ebm.sampling.graphs`) against
 without, alternating the two in one run, into the section ``throughput-cuda-graphs``:
 
-    python -m benchmarks.throughput --cuda-graphs [--recipes ...] [--batches 24 128] [--iters 5]
+    python -m benchmarks.throughput --cuda-graphs [--recipes ...] [--batches 24 128] [--iters 5] [--paper]
+
+(``--paper`` there adds a step of the paper's 32-px network's training chain, eager and replayed, against the limit.)
 """
 
 from __future__ import annotations
@@ -137,8 +139,38 @@ def precision_table(names: list[str], iters: int) -> None:
     print("\n".join(lines))
 
 
-def graphs_table(names: list[str], batches: list[int], iters: int) -> None:
-    """A training iteration and a sampling chain on the GPU, eager against replayed from CUDA graphs."""
+def paper_chain_steps(batches: list[int]) -> tuple[list[tuple[int, float, float, float]], float]:
+    """The paper's 32-px network's training chain (recipes/cifar10.toml's ``[trainer.sampler]``, 40 Langevin steps)
+    on the GPU, eager against replayed from CUDA graphs, the faster of two alternating runs: per batch, seconds per
+    step both ways and the step's arithmetic (`step_flops`); and the dense float32 matrix-product rate (the limit)."""
+    from composable_ebm.sampling import sample
+    from composable_ebm.sampling.graphs import use_cuda_graphs
+
+    device = torch.device("cuda")
+    recipe = load_recipe(ROOT / "recipes" / "cifar10.toml")
+    model = build_model(recipe, torch.empty(0)).to(device)
+    chain = recipe.trainer.sampler
+    rows = []
+    for batch in batches:
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(2):
+            for on in (False, True):
+                use_cuda_graphs(on)
+                sample(model, n=batch, config=chain, seed=0)  # warm-up (and the capture)
+                _sync(device)
+                start = time.perf_counter()
+                sample(model, n=batch, config=chain, seed=1)
+                _sync(device)
+                times[on].append((time.perf_counter() - start) / chain.total_steps)
+        use_cuda_graphs(False)
+        rows.append((batch, min(times[False]), min(times[True]), step_flops(model, batch, device)))
+        print((PAPER, *rows[-1]), flush=True)
+    return rows, matmul_gflops(device)
+
+
+def graphs_table(names: list[str], batches: list[int], iters: int, paper: bool = False) -> None:
+    """A training iteration and a sampling chain on the GPU, eager against replayed from CUDA graphs (and with
+    ``paper``, the paper's 32-px network's chain step against the device's limit)."""
     from composable_ebm.sampling import sample
     from composable_ebm.sampling.graphs import use_cuda_graphs
 
@@ -171,10 +203,12 @@ def graphs_table(names: list[str], batches: list[int], iters: int) -> None:
         "## CUDA graphs",
         "",
         f"`python -m benchmarks.throughput --cuda-graphs --recipes {' '.join(names)} --batches"
-        f" {' '.join(map(str, batches))} --iters {iters}` on torch {torch.__version__}, {torch.cuda.get_device_name()}:"
-        " a training iteration (`Trainer.train_step`, the recipe's chain, losses, Adam and the EMA) and a whole"
-        " sampling chain (the model's own sampler) with the chain's transitions run eagerly against replayed from"
-        f" CUDA graphs (`use_cuda_graphs`), the faster of two alternating measurements ({iters} iterations each).",
+        f" {' '.join(map(str, batches))} --iters {iters}{' --paper' if paper else ''}` on torch {torch.__version__},"
+        f" {torch.cuda.get_device_name()}: a training iteration (`Trainer.train_step`: a contrastive-divergence"
+        " recipe's chain, losses, Adam and the EMA; a denoising recipe's loss, Adam and the EMA) and a whole sampling"
+        " chain (the model's own sampler), run eagerly against replayed from CUDA graphs (`use_cuda_graphs`: a"
+        " chain's transitions, and a denoising iteration's batch, loss and backward pass), the faster of two"
+        f" alternating measurements ({iters} iterations each).",
         "",
         "| recipe | batch | s / iteration, eager | with graphs | speed-up | chain steps | s / chain, eager | with graphs"
         " | speed-up |",
@@ -182,6 +216,19 @@ def graphs_table(names: list[str], batches: list[int], iters: int) -> None:
         *(f"| {n} | {b} | {e:.3f} | {g:.3f} | {e / g:.2f}x | {k} | {ce:.3f} | {cg:.3f} | {ce / cg:.2f}x |"
           for n, b, e, g, ce, cg, k in rows),
     ]
+    if paper:
+        steps, limit = paper_chain_steps(batches)
+        lines += [
+            "",
+            f"{PAPER}, the paper's 32-px network (recipes/cifar10.toml) on random input: a step of its training chain"
+            " (`[trainer.sampler]`, 40 Langevin steps), its arithmetic (torch's FlopCounterMode) over its time"
+            f" against a dense float32 2048 x 2048 matrix product in the same run ({limit:.0f} GFLOP/s).",
+            "",
+            "| network | batch | ms / step, eager | with graphs | speed-up | GFLOP/s with graphs | of the limit |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+            *(f"| {PAPER} | {b} | {e * 1e3:.2f} | {g * 1e3:.2f} | {e / g:.2f}x | {f / g / 1e9:.0f} |"
+              f" {f / g / 1e9 / limit:.0%} |" for b, e, g, f in steps),
+        ]
     write_section("throughput-cuda-graphs", "\n".join(lines))
     print("\n".join(lines))
 
@@ -209,7 +256,7 @@ def main() -> None:
     if (args.cuda_only or args.cuda_graphs) and not torch.cuda.is_available():
         parser.error(f"{'--cuda-only' if args.cuda_only else '--cuda-graphs'}: no CUDA device is available here")
     if args.cuda_graphs:
-        graphs_table(args.recipes or list(SHIPPED), args.batches, args.iters)
+        graphs_table(args.recipes or list(SHIPPED), args.batches, args.iters, args.paper)
         return
     if args.precision:
         precision_table(args.recipes or list(SHIPPED), args.iters)

@@ -209,3 +209,38 @@ def test_training_with_cuda_graphs_reaches_the_weights_of_eager_training(tmp_pat
         weights.append(load_model(out / "model").state_dict())
     for (name, p), q in zip(weights[0].items(), weights[1].values()):
         assert torch.allclose(p, q, rtol=1e-3, atol=1e-5), name
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_denoising_training_replayed_from_a_cuda_graph_reaches_the_eager_weights(tmp_path: Path, cuda_graphs,
+                                                                                 precision):
+    """A denoising iteration (the batch drawn on the device, the loss, the backward pass and the clip) replays one
+    CUDA graph: 6 iterations reach the eager statistics and weights, and after a restore the graph is captured again
+    and redraws what the run drew from that state."""
+    import dataclasses
+
+    from composable_ebm.recipes import build_dataset, build_model, load_recipe
+    from composable_ebm.sampling.graphs import use_cuda_graphs
+    from composable_ebm.training import Trainer
+    from tests.test_diffusion import tiny_diffusion_recipe
+
+    recipe = load_recipe(tiny_diffusion_recipe(tmp_path / "tiny.toml",
+                                               ('dataset = "shapes"', 'dataset = "shapes"\nattributes = ["color"]')))
+    data = build_dataset(recipe.data, recipe.folder)
+    config = dataclasses.replace(recipe.trainer, precision=precision)
+    runs = {}
+    for on in (False, True):
+        use_cuda_graphs(on)
+        trainer = Trainer(build_model(recipe, data), data, config, device="cuda")
+        runs[on] = ([trainer.train_step().loss for _ in range(6)], trainer.ema.state_dict())
+        assert (trainer._step_graph is not None) == on
+    (eager_losses, eager_weights), (graph_losses, graph_weights) = runs[False], runs[True]
+    assert graph_losses == pytest.approx(eager_losses, rel=1e-3)
+    for (name, p), q in zip(eager_weights.items(), graph_weights.values()):
+        assert torch.allclose(p, q, rtol=1e-3, atol=1e-5), name
+    trainer.save_checkpoint()
+    before = [trainer.train_step().loss for _ in range(3)]
+    trainer._restore(trainer._latest_checkpoint())
+    assert trainer._step_graph is None
+    assert [trainer.train_step().loss for _ in range(3)] == pytest.approx(before, rel=1e-5)
+    assert trainer._step_graph is not None

@@ -20,6 +20,9 @@ A captured graph is kept with its energy and reused while the energy's parameter
 updates them in place; moving the model to another device makes a new graph), and the batch shape, the settings, the
 generator (the same object: a trainer's, not a new one per `sample` call) and the labels' names stay the same.
 Labels are copied into the graph's own buffers before each run.
+
+`capture` is the capture itself (warm-up, the generator registered, its state left as before), which the trainer
+also uses for a denoising iteration's loss and backward pass.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -37,6 +40,8 @@ from composable_ebm.sampling.transitions import ChainState, SamplerConfig, StepI
 
 if TYPE_CHECKING:  # pragma: no cover
     from composable_ebm.energy import Energy, Labels
+
+T = TypeVar("T")
 
 MIN_STEPS = 8
 """fewer identical transitions than this run eagerly: the capture costs about three eager transitions"""
@@ -49,8 +54,9 @@ _warned: set[str] = set()
 
 
 def use_cuda_graphs(enabled: bool) -> None:
-    """Switch the replay of chains from CUDA graphs on or off for this process (it is on unless the environment
-    variable ``CEBM_CUDA_GRAPHS=0`` switched it off at import)."""
+    """Switch the replay of chains (and of a denoising trainer's iterations, `composable_ebm.training.Trainer`) from
+    CUDA graphs on or off for this process (it is on unless the environment variable ``CEBM_CUDA_GRAPHS=0`` switched
+    it off at import)."""
     global _enabled
     if not isinstance(enabled, bool):
         raise TypeError(f"use_cuda_graphs takes true or false, got {enabled!r}")
@@ -75,34 +81,15 @@ class _Graph:
         self.state = ChainState(state.x.detach().clone(), state.energy.detach().clone(), state.grad.detach().clone())
         self.labels = ({k: torch.as_tensor(v, device=state.x.device).clone() for k, v in labels.items()}
                        if labels else None)
-        saved = generator.get_state()
-        try:
-            side = torch.cuda.Stream(device=state.x.device)
-            side.wait_stream(torch.cuda.current_stream(state.x.device))
-            with torch.cuda.stream(side):  # warm-up (cuDNN's choices, lazy initialisation) off the capture
-                for _ in range(2):
-                    step_fn(energy, self.state, config, generator, self.labels)
-            torch.cuda.current_stream(state.x.device).wait_stream(side)
-            generator.set_state(saved)  # the warm-up's draws are not the chain's
-            self.graph = torch.cuda.CUDAGraph()
-            self.graph.register_generator_state(generator)
-            try:
-                with torch.cuda.graph(self.graph):
-                    new, info = step_fn(energy, self.state, config, generator, self.labels)
-                    self.state.x.copy_(new.x)
-                    self.state.energy.copy_(new.energy)
-                    self.state.grad.copy_(new.grad)
-            except RuntimeError:
-                # the generator's state was registered with this graph, and a capture that did not end leaves it
-                # marked as capturing (every later draw from it would fail): the generator goes on with a copy of
-                # it, and the graphs captured before with the old state are dropped (a replay of one would not
-                # advance the copy)
-                generator.graphsafe_set_state(generator.clone_state())
-                _forget(generator)
-                raise
-        finally:
-            generator.set_state(saved)  # the chain's draws start where they would have without a capture
-        self.info = info
+
+        def transition() -> StepInfo:
+            new, info = step_fn(energy, self.state, config, generator, self.labels)
+            self.state.x.copy_(new.x)
+            self.state.energy.copy_(new.energy)
+            self.state.grad.copy_(new.grad)
+            return info
+
+        self.graph, self.info = capture(transition, generator, state.x.device)  # `load` sets the state before a run
 
     def load(self, state: ChainState, labels: Labels | None) -> None:
         self.state.x.copy_(state.x)
@@ -121,6 +108,41 @@ class _Graph:
         info = StepInfo(self.info.energy.clone(), self.info.grad_norm.clone(),
                         None if self.info.accepted is None else self.info.accepted.clone())
         return state, info
+
+
+def capture(fn: Callable[[], T], generator: torch.Generator, device: torch.device | str,
+            warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, T]:
+    """``fn()`` captured as a CUDA graph, and what the captured call returned (tensors the graph's replays overwrite).
+
+    ``fn`` runs ``warmup`` times eagerly on a side stream first (cuDNN's choices, lazy initialisation), then once
+    under capture, with ``generator`` registered with the graph. The generator is left as it was before: the
+    warm-up's draws are undone, so the first replay draws what an eager ``fn()`` would have drawn next. Raises
+    `RuntimeError` when the capture fails (``fn`` reads a value back to the host, for instance); the generator
+    then goes on with a copy of its state, and the graphs kept for it are dropped (a replay of one would not advance
+    the copy)."""
+    saved = generator.get_state()
+    try:
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        generator.set_state(saved)
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(generator)
+        try:
+            with torch.cuda.graph(graph):
+                out = fn()
+        except RuntimeError:
+            # a capture that did not end leaves the registered state marked as capturing (every later draw from
+            # it would fail)
+            generator.graphsafe_set_state(generator.clone_state())
+            _forget(generator)
+            raise
+    finally:
+        generator.set_state(saved)
+    return graph, out
 
 
 def _forget(generator: torch.Generator) -> None:

@@ -113,6 +113,7 @@ class TrainingState:
     def _restore(self, state: dict[str, Any] | None, resize_buffer: bool = False) -> None:
         if state is None:
             raise RuntimeError("no checkpoint to restore")
+        self._step_graph = None  # captured before: captured again from the restored state
         self.energy.load_state_dict(state["model"], strict=True)
         self.ema.load_state_dict(state["ema"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])

@@ -23,6 +23,7 @@ import dataclasses
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ from composable_ebm.energy import NULL, Energy
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.images import as_float_images
 from composable_ebm.sampling import augment, initial_noise, run_chain
+from composable_ebm.sampling.graphs import capture
+from composable_ebm.sampling.graphs import enabled as graphs_enabled
 from composable_ebm.training.buffer import ReplayBuffer
 from composable_ebm.training.config import TrainerConfig, TrainingData, learning_rate
 from composable_ebm.training.denoising import DenoisingObjective, DenoisingOutput
@@ -49,6 +52,9 @@ from composable_ebm.training.objective import ImprovedCDObjective, ObjectiveOutp
 from composable_ebm.training.precision import network_precision
 from composable_ebm.training.record import StepRecord
 from composable_ebm.training.state import TrainingState
+
+MAX_GRAPHED_DATA_BYTES = 1 << 31
+"""training data larger than this (2 GiB) stays on the host, and a denoising iteration runs without a CUDA graph"""
 
 __all__ = ["ImprovedCDObjective", "ObjectiveOutput", "StepRecord", "Trainer", "TrainerConfig", "TrainingData",
            "TrainingSummary", "init_distributed"]
@@ -118,6 +124,8 @@ class Trainer(TrainingState):
             1 if self.denoising else config.buffer_size,  # denoising keeps no negatives
             energy.input_shape, sorted(energy.attributes), self.device, config.buffer_policy,
         )
+        self._step_graph: tuple[torch.cuda.CUDAGraph, Tensor, list[Tensor | None]] | None = None
+        self._graph_failed = False  # a capture of the training step failed: it runs eagerly from then on
         self.step = 0
         self.resumed_exactly = True  # False after a resume from a checkpoint of another kind of device
         self._fit_total = -1  # the step count fit() trains to (its last step is always logged)
@@ -212,18 +220,16 @@ class Trainer(TrainingState):
         cfg, s = self.config, self.config.sampler
         t0 = time.perf_counter()
         model = self.energy
-        x_pos, pos_labels = self._positives(cfg.batch_size)
         if self.denoising:
-            with network_precision(self.device, cfg.precision):
-                noised: DenoisingOutput = self.objective(x_pos, pos_labels or None, self.generator)
-            grad_norm = self._backward(noised.loss)
-            read = _read_stats(loss=noised.loss, e_noised=noised.energy, grad_norm=grad_norm)
-            record = StepRecord(**read, loss_dsm=read["loss"])
+            stats = self._replay_denoising() if self._graphable() else None
+            loss, e_noised, grad_norm = (self._denoising_stats() if stats is None else stats).tolist()
+            record = StepRecord(loss=loss, e_noised=e_noised, grad_norm=grad_norm, loss_dsm=loss)
             self._update(record)
             self.step += 1
             record.seconds = time.perf_counter() - t0
             record.images_per_second = cfg.batch_size * self.world_size / record.seconds
             return record
+        x_pos, pos_labels = self._positives(cfg.batch_size)
         x, neg_labels = self._chain_starts(cfg.batch_size, pos_labels)
         labels = neg_labels or None
         if cfg.chain_steps_max is not None:  # this iteration's chain length, from the run's generator (resumable)
@@ -254,6 +260,50 @@ class Trainer(TrainingState):
         record.images_per_second = cfg.batch_size * self.world_size / record.seconds
         return record
 
+    def _denoising_stats(self) -> Tensor:
+        """Positives, the denoising loss, its backward pass and the clip; returns the loss, the noised points' mean
+        energy and the gradient norm as one float tensor on the device (nothing is read back)."""
+        x_pos, pos_labels = self._positives(self.config.batch_size)
+        with network_precision(self.device, self.config.precision):
+            noised: DenoisingOutput = self.objective(x_pos, pos_labels or None, self.generator)
+        grad_norm = self._backward(noised.loss)
+        return torch.stack([noised.loss.detach().float(), noised.energy.float(), grad_norm.float()])
+
+    def _graphable(self) -> bool:
+        """Whether this iteration's denoising loss and backward pass replay a CUDA graph (`_replay_denoising`): on
+        by default on CUDA (`use_cuda_graphs`), for one process, with training data that fits the device's memory
+        budget for it."""
+        return (self.device.type == "cuda" and graphs_enabled() and not self.distributed and not self._graph_failed
+                and self.images.numel() * self.images.element_size() <= MAX_GRAPHED_DATA_BYTES)
+
+    def _replay_denoising(self) -> Tensor | None:
+        """`_denoising_stats` replayed from a CUDA graph (captured at the first call: a denoising iteration is a few
+        hundred small kernels, launch-bound on a GPU), or ``None`` where the capture failed: one warning, and
+        training goes on eagerly with the generator's draws unchanged.
+
+        The graph draws the batch from a copy of the training data on the device and writes the gradients into
+        tensors it owns; they are given back to the parameters after each replay, so Adam reads them as it would
+        read an eager backward pass's. Adam, the EMA and the fault check stay outside: a faulted iteration's graph
+        has run, but its gradients are never applied."""
+        params = [p for p in self.energy.parameters() if p.requires_grad]
+        if self._step_graph is None:
+            if self.images.device != self.device:
+                self.images = self.images.to(self.device)  # the batch is drawn inside the graph
+            try:
+                graph, stats = capture(self._denoising_stats, self.generator, self.device)
+            except RuntimeError as err:
+                self._graph_failed = True
+                self.optimizer.zero_grad(set_to_none=True)
+                warnings.warn(f"CUDA graph capture failed for the training step ({str(err).splitlines()[0]}); it runs"
+                              " without graphs", RuntimeWarning, stacklevel=3)
+                return None
+            self._step_graph = (graph, stats, [p.grad for p in params])
+        graph, stats, grads = self._step_graph
+        graph.replay()
+        for p, g in zip(params, grads):
+            p.grad = g
+        return stats
+
     def _backward(self, loss: Tensor) -> Tensor:
         """Backward and clip; returns the gradient norm before clipping, on the device (nothing is read back)."""
         params = [p for p in self.energy.parameters() if p.requires_grad]
@@ -281,8 +331,7 @@ class Trainer(TrainingState):
         decay = self.config.ema_decay
         if self.config.ema_warmup:  # bias-free early average (as TensorFlow's ExponentialMovingAverage)
             decay = min(decay, (1.0 + self.step) / (10.0 + self.step))
-        for e, p in zip(self.ema.parameters(), self.energy.parameters()):
-            e.lerp_(p.detach(), 1.0 - decay)
+        torch._foreach_lerp_(list(self.ema.parameters()), [p.detach() for p in self.energy.parameters()], 1.0 - decay)
         for e, b in zip(self.ema.buffers(), self.energy.buffers()):
             e.copy_(b)
 
