@@ -237,7 +237,8 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
         f"## Faces models ({label})", "",
         f"`python -m benchmarks.faces --models {models} --n {n} --label {label}` (as shards and `--merge`) on"
         f" {machine()}, {minutes:.0f} CPU-minutes. Every row is {n} samples drawn as a user draws them, read by the"
-        " faces classifier (a model whose settings say `guided_alone` is drawn guided on its own too); FID ratio in"
+        " faces classifier (a model on its own runs its `[sampling.alone]` settings, and is drawn guided where its"
+        " settings say `guided_alone`); FID ratio in"
         " the classifier's features against fresh renders of what the row asks for (over the floor of as many fresh"
         " renders; it grows with the number of samples, so compare tables of one `--n`); HF ratio: high-frequency"
         " energy over the renders'. Gap: the largest difference between the samples' mix of another attribute, as"

@@ -9,8 +9,9 @@ layers below it decide none of them:
   model's own guidance scale ``s_i``, and so one conditioned model whose defaults ask for it
   (``SamplingDefaults.guided_alone``: classifier-free guidance); anything else as written. ``plain`` samples as
   written; ``guided`` asks for the guided form (one line naming a term that has none);
-- **the settings** (`default_settings`): a trained model's own (`SamplingDefaults`, from its ``config.json``),
-  a composite's derived from its parts (below), else the sampler's defaults; keyword overrides win;
+- **the settings** (`default_settings`): a trained model's own (`SamplingDefaults`, from its ``config.json``;
+  on its own, with its ``alone`` settings), a composite's derived from its parts (below), else the sampler's
+  defaults; keyword overrides win;
 - **the generator**: ``seed=`` or ``generator=``; without either, torch's global generator seeds the chains, so
   ``torch.manual_seed`` makes a call repeat.
 
@@ -78,15 +79,30 @@ def composed(energy: Energy, form: str = "auto") -> Energy:
 
 def default_settings(energy: Energy) -> SamplingDefaults | None:
     """The settings ``sample`` uses for ``energy`` when none are given, ``None`` when no part has any (the
-    sampler's defaults apply); see the module's docstring for the rules of composites."""
+    sampler's defaults apply); see the module's docstring for the rules of composites. A model sampled on its own
+    (`sampled_alone`) runs its `SamplingDefaults.alone_sampler`."""
+    return _settings(energy, sampled_alone(energy))
+
+
+def sampled_alone(energy: Energy) -> bool:
+    """Whether ``energy`` is one trained model on its own: the model, one condition of it, or a sum or guided form
+    of that one term."""
+    while isinstance(energy, (WeightedSum, Guided)) and len(energy.terms) == 1:
+        energy = energy.terms[0]
+    if isinstance(energy, Conditioned):
+        energy = energy.base
+    return model_defaults(energy) is not None
+
+
+def _settings(energy: Energy, alone: bool) -> SamplingDefaults | None:
     own = model_defaults(energy)
     if own is not None:
-        return own
+        return dataclasses.replace(own, sampler=own.alone_sampler()) if alone else own
     if isinstance(energy, Conditioned):
-        return default_settings(energy.base)
+        return _settings(energy.base, alone)
     if not isinstance(energy, (WeightedSum, Disjunction, Guided)):
         return None
-    parts = [default_settings(t) for t in energy.terms]
+    parts = [_settings(t, alone) for t in energy.terms]
     first = next((d for d in parts if d is not None), None)
     if first is None:
         return None

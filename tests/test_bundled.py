@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,3 +127,12 @@ def test_each_bundled_card_is_produced_from_model_cards_and_states_the_files_as_
         recipe = "shapes-color-palette.toml" if name == "shapes-color" else f"{name}.toml"
         for file, text in recipe_text(root / "recipes" / recipe):
             assert f"`{file}`:\n\n```toml\n{text.strip()}\n```" in card, file
+
+
+@pytest.mark.parametrize("name", sorted(n for n in ATTRIBUTE_MODELS if n.startswith("faces-")))
+def test_bundled_faces_models_sample_with_their_recipes_settings(name):
+    """config.json's sampling settings are the recipe's [sampling] as it stands, its [sampling.alone] included."""
+    from composable_ebm.recipes import load_recipe
+
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / f"{name}.toml")
+    assert cebm.load(name).sampling_defaults == recipe.sampling

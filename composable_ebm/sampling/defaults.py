@@ -5,7 +5,9 @@ knows about its place in a composite: its guidance scale and which of its attrib
 unchanged. The pipeline (`composable_ebm.pipeline`) reads it; no energy carries it.
 
 On disk (``config.json``'s ``"sampler"`` key) and in a recipe's ``[sampling]`` table it is one flat table: the
-`SamplerConfig` fields with ``guidance_scale``, ``guided_alone`` and ``augment_preserves`` beside them.
+`SamplerConfig` fields with ``guidance_scale``, ``guided_alone``, ``augment_preserves`` and ``alone`` beside them.
+``alone`` (``[sampling.alone]`` in a recipe) is a table of `SamplerConfig` fields that replace the chain settings
+when the model is sampled on its own.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from composable_ebm.configs import check_range, config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling.transitions import SamplerConfig
 
-_OWN = ("guidance_scale", "augment_preserves", "guided_alone")
+_OWN = ("guidance_scale", "augment_preserves", "guided_alone", "alone")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,11 @@ class SamplingDefaults:
     guided_alone: bool = False
     """the model conditioned on its own is sampled in the guided form too, ``E(x | 0) + s (E(x | c) - E(x | 0))``
     with ``s`` its guidance scale (classifier-free guidance), where ``form="auto"``; False: as written"""
+    alone: Mapping[str, Any] | None = None
+    """`SamplerConfig` fields that replace ``sampler``'s when the model is sampled on its own (the model, or one
+    condition of it, in either form; `alone_sampler`), e.g. a longer first noise level; a composite that holds the
+    model runs ``sampler``. A field that is a table (``ladder``) takes the fields given over ``sampler``'s. None:
+    ``sampler`` alone too"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.sampler, SamplerConfig):
@@ -45,17 +52,36 @@ class SamplingDefaults:
         check_range("SamplingDefaults", "guidance_scale", self.guidance_scale, 0.0, 100.0, low_open=True)
         if not isinstance(self.guided_alone, bool):
             raise InvalidInputError(f"guided_alone must be true or false, got {self.guided_alone!r}")
+        if self.alone is not None:
+            if not isinstance(self.alone, Mapping):
+                raise InvalidInputError(f"alone must be a table of sampler settings, got {self.alone!r}")
+            object.__setattr__(self, "alone", dict(self.alone))
+            self.alone_sampler()  # an unknown or bad setting is one line now, not at the first sample
         kept = self.augment_preserves
         if kept is not None:
             if isinstance(kept, str) or not all(isinstance(a, str) for a in kept):
                 raise InvalidInputError(f"augment_preserves must be a list of attribute names, got {kept!r}")
             object.__setattr__(self, "augment_preserves", tuple(kept))
 
+    def alone_sampler(self) -> SamplerConfig:
+        """The chain settings of the model sampled on its own: ``sampler`` with `alone`'s fields."""
+        if not self.alone:
+            return self.sampler
+        valid = {f.name for f in dataclasses.fields(SamplerConfig)}
+        unknown = sorted(set(self.alone) - valid)
+        if unknown:
+            raise InvalidInputError(f"unknown sampler setting(s) {unknown} in alone; valid settings: {sorted(valid)}")
+        base = config_to_dict(self.sampler)
+        merged = {k: {**base[k], **v} if isinstance(v, Mapping) and isinstance(base.get(k), dict) else v
+                  for k, v in self.alone.items()}
+        return config_from_dict(SamplerConfig, {**base, **merged})
+
     def to_flat(self) -> dict[str, Any]:
         """The flat table of ``config.json`` and recipes: the sampler's fields, then this record's own."""
         return {**config_to_dict(self.sampler), "guidance_scale": self.guidance_scale,
                 "augment_preserves": list(self.augment_preserves) if self.augment_preserves is not None else None,
-                **({"guided_alone": True} if self.guided_alone else {})}
+                **({"guided_alone": True} if self.guided_alone else {}),
+                **({"alone": dict(self.alone)} if self.alone else {})}
 
     @classmethod
     def from_flat(cls, table: Mapping[str, Any]) -> SamplingDefaults:
@@ -67,7 +93,8 @@ class SamplingDefaults:
         guidance = own.get("guidance_scale", 1.0)
         if isinstance(guidance, bool) or not isinstance(guidance, (int, float)):
             raise InvalidInputError(f"guidance_scale must be a number, got {guidance!r}")
-        return cls(sampler, float(guidance), own.get("augment_preserves"), own.get("guided_alone", False))
+        return cls(sampler, float(guidance), own.get("augment_preserves"), own.get("guided_alone", False),
+                   own.get("alone"))
 
     def replace(self, **changes: Any) -> SamplingDefaults:
         """A copy with ``changes`` applied: this record's fields, or any `SamplerConfig` field."""
