@@ -541,6 +541,8 @@ def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name o
     if defaults is not None:
         rows += [("sampler", defaults.sampler.summary()), ("guidance scale", f"{defaults.guidance_scale:g}"
                                                             + (" (alone too)" if defaults.guided_alone else ""))]
+        if defaults.alone:
+            rows.append(("sampler alone", defaults.alone_sampler().summary()))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         typer.echo(f"{key:<{width}}  {value}")

@@ -136,3 +136,10 @@ def test_bundled_faces_models_sample_with_their_recipes_settings(name):
 
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / f"{name}.toml")
     assert cebm.load(name).sampling_defaults == recipe.sampling
+    info = CliRunner().invoke(app, ["info", name])
+    assert info.exit_code == 0, info.output
+    alone = [line for line in info.output.splitlines() if line.startswith("sampler alone")]
+    if recipe.sampling.alone:  # `cebm info` shows the settings it runs on its own
+        assert len(alone) == 1 and recipe.sampling.alone_sampler().summary() in alone[0], info.output
+    else:
+        assert not alone, info.output
