@@ -197,6 +197,7 @@ def test_a_model_sampled_on_its_own_runs_its_alone_settings_and_a_composite_its_
     flat = color.sampling_defaults.to_flat()
     assert flat["alone"] == {"steps": 7, "ladder": {"first_steps": 20}}
     assert SamplingDefaults.from_flat(flat) == color.sampling_defaults
+    assert hash(SamplingDefaults.from_flat(flat)) == hash(color.sampling_defaults)  # still a hashable record
     assert "alone" not in SamplingDefaults().to_flat()  # configs written before the setting stay as they were
     with pytest.raises(InvalidInputError, match=r"unknown sampler setting\(s\) \['stepz'\] in alone; valid settings"):
         SamplingDefaults.from_flat({**flat, "alone": {"stepz": 7}})

@@ -13,6 +13,7 @@ when the model is sampled on its own.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,10 @@ class SamplingDefaults:
             if isinstance(kept, str) or not all(isinstance(a, str) for a in kept):
                 raise InvalidInputError(f"augment_preserves must be a list of attribute names, got {kept!r}")
             object.__setattr__(self, "augment_preserves", tuple(kept))
+
+    def __hash__(self) -> int:  # `alone` is a table (a dict): hashed by its JSON text
+        alone = json.dumps(self.alone, sort_keys=True) if self.alone else None
+        return hash((self.sampler, self.guidance_scale, self.augment_preserves, self.guided_alone, alone))
 
     def alone_sampler(self) -> SamplerConfig:
         """The chain settings of the model sampled on its own: ``sampler`` with `alone`'s fields."""
