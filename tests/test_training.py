@@ -65,6 +65,29 @@ def test_buffer_respects_capacity_and_fifo_keeps_the_newest():
     assert sorted(buf.samples[:, 0].tolist()) == [2.0, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0, 4.0, 4.0, 4.0]
 
 
+def test_buffer_add_keeps_the_last_item_of_a_slot_and_reads_nothing_back(monkeypatch):
+    """A batch longer than the buffer: the later item of each slot wins, as if added one by one; items that are not
+    kept never show (the buffer's spare row is past its end), and `add` asks the device for nothing (on a GPU a
+    `nonzero` or a read waits for its queue)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("ReplayBuffer.add read a value back")
+
+    fifo = ReplayBuffer(4, (1,), attributes=["a"], policy="fifo")
+    reservoir = ReplayBuffer(4, (1,), attributes=["a"], policy="reservoir")
+    gen = torch.Generator().manual_seed(0)
+    with monkeypatch.context() as patch:
+        for name in ("nonzero", "tolist", "item", "__bool__", "__int__"):
+            patch.setattr(torch.Tensor, name, refuse)
+        patch.setattr(torch, "nonzero", refuse)
+        for _ in range(3):
+            for buf in (fifo, reservoir):
+                buf.add(torch.arange(10.0)[:, None], {"a": torch.arange(10)}, gen)
+    assert fifo.samples[:, 0].tolist() == [8.0, 9.0, 6.0, 7.0] and fifo.labels["a"].tolist() == [8, 9, 6, 7]
+    assert fifo.samples.shape[0] == 4 and fifo.state_dict()["samples"].shape[0] == 4
+    assert torch.equal(reservoir.samples[:, 0].long(), reservoir.labels["a"])  # labels stay with their samples
+    assert len(reservoir) == 4 and reservoir.seen == 30
+
+
 def test_reservoir_buffer_holds_a_uniform_sample_of_everything_seen():
     buf = ReplayBuffer(1000, (1,), policy="reservoir")
     gen = torch.Generator().manual_seed(0)

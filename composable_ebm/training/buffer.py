@@ -36,8 +36,12 @@ class ReplayBuffer:
         self.shape = tuple(shape)
         self.policy = policy
         self.device = torch.device(device)
-        self.samples = torch.zeros((self.capacity, *self.shape), device=self.device)
-        self.labels = {a: torch.zeros(self.capacity, dtype=torch.long, device=self.device) for a in attributes}
+        # one spare row past the end takes the writes of items that are not kept, so `add` never reads back which
+        # ones are (on a GPU each read waits for the device); `samples` and `labels` are the rows before it
+        self._samples = torch.zeros((self.capacity + 1, *self.shape), device=self.device)
+        self._labels = {a: torch.zeros(self.capacity + 1, dtype=torch.long, device=self.device) for a in attributes}
+        self.samples = self._samples[: self.capacity]
+        self.labels = {a: store[: self.capacity] for a, store in self._labels.items()}
         self.size = 0  # items held
         self.seen = 0  # items ever offered (reservoir sampling needs it)
 
@@ -52,24 +56,22 @@ class ReplayBuffer:
         if missing:
             raise ValueError(f"buffer keeps labels for {sorted(self.labels)}; missing {sorted(missing)}")
         b = x.shape[0]
+        items = torch.arange(b, device=self.device)
         if self.policy == "fifo":
-            slots = (torch.arange(b, device=self.device) + self.seen) % self.capacity
-            keep = torch.ones(b, dtype=torch.bool, device=self.device)
+            slots = (items + self.seen) % self.capacity
         else:
             # reservoir: item number t (0-based) is kept with probability capacity / (t + 1), in a random slot
-            t = torch.arange(b, device=self.device) + self.seen
+            t = items + self.seen
             draw = (torch.rand(b, generator=generator, device=self.device) * (t + 1)).long()
-            slots = torch.where(t < self.capacity, t, draw)
-            keep = slots < self.capacity
-        slots, src = slots[keep], torch.nonzero(keep).squeeze(1)
-        # two items of one batch may draw the same slot: the later one wins, as if added one by one
-        winner = torch.full((self.capacity,), -1, dtype=torch.long, device=self.device)
-        winner.scatter_reduce_(0, slots, src, reduce="amax")
-        slots = torch.nonzero(winner >= 0).squeeze(1)
-        src = winner[slots]
-        self.samples[slots] = x.detach().to(self.device, self.samples.dtype)[src]
-        for attr, store in self.labels.items():
-            store[slots] = labels[attr].to(self.device)[src]
+            slots = torch.where(t < self.capacity, t, draw).clamp(max=self.capacity)  # capacity: not kept
+        # two items of one batch may draw the same slot: the later one wins, as if added one by one; the others,
+        # and the items not kept, write into the spare row
+        winner = torch.full((self.capacity + 1,), -1, dtype=torch.long, device=self.device)
+        winner.scatter_reduce_(0, slots, items, reduce="amax")
+        slots = torch.where(winner[slots] == items, slots, self.capacity)
+        self._samples[slots] = x.detach().to(self.device, self._samples.dtype)
+        for attr, store in self._labels.items():
+            store[slots] = labels[attr].to(self.device)
         self.seen += b
         self.size = min(self.capacity, self.size + b)
 
