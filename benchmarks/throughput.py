@@ -139,11 +139,24 @@ def precision_table(names: list[str], iters: int) -> None:
     print("\n".join(lines))
 
 
+def chain_seconds(model, batch: int, chain, device: torch.device) -> float:
+    """Seconds of one sampling chain of ``batch`` under ``chain`` (the model's first values), after a warm-up chain
+    (which also captures the graphs where they are on)."""
+    from composable_ebm.sampling import sample
+
+    labels = _labels(model, batch, device) or None
+    sample(model, n=batch, config=chain, labels=labels, seed=0)
+    _sync(device)
+    start = time.perf_counter()
+    sample(model, n=batch, config=chain, labels=labels, seed=1)
+    _sync(device)
+    return time.perf_counter() - start
+
+
 def paper_chain_steps(batches: list[int]) -> tuple[list[tuple[int, float, float, float]], float]:
     """The paper's 32-px network's training chain (recipes/cifar10.toml's ``[trainer.sampler]``, 40 Langevin steps)
     on the GPU, eager against replayed from CUDA graphs, the faster of two alternating runs: per batch, seconds per
     step both ways and the step's arithmetic (`step_flops`); and the dense float32 matrix-product rate (the limit)."""
-    from composable_ebm.sampling import sample
     from composable_ebm.sampling.graphs import use_cuda_graphs
 
     device = torch.device("cuda")
@@ -156,12 +169,7 @@ def paper_chain_steps(batches: list[int]) -> tuple[list[tuple[int, float, float,
         for _ in range(2):
             for on in (False, True):
                 use_cuda_graphs(on)
-                sample(model, n=batch, config=chain, seed=0)  # warm-up (and the capture)
-                _sync(device)
-                start = time.perf_counter()
-                sample(model, n=batch, config=chain, seed=1)
-                _sync(device)
-                times[on].append((time.perf_counter() - start) / chain.total_steps)
+                times[on].append(chain_seconds(model, batch, chain, device) / chain.total_steps)
         use_cuda_graphs(False)
         rows.append((batch, min(times[False]), min(times[True]), step_flops(model, batch, device)))
         print((PAPER, *rows[-1]), flush=True)
@@ -171,7 +179,6 @@ def paper_chain_steps(batches: list[int]) -> tuple[list[tuple[int, float, float,
 def graphs_table(names: list[str], batches: list[int], iters: int, paper: bool = False) -> None:
     """A training iteration and a sampling chain on the GPU, eager against replayed from CUDA graphs (and with
     ``paper``, the paper's 32-px network's chain step against the device's limit)."""
-    from composable_ebm.sampling import sample
     from composable_ebm.sampling.graphs import use_cuda_graphs
 
     device = torch.device("cuda")
@@ -188,13 +195,7 @@ def graphs_table(names: list[str], batches: list[int], iters: int, paper: bool =
                 for on in (False, True):
                     use_cuda_graphs(on)
                     times[on].append(training_iteration(recipe, data, batch, device, iters))
-                    labels = _labels(model, batch, device) or None
-                    sample(model, n=batch, config=chain, labels=labels, seed=0)  # warm-up (and the capture)
-                    _sync(device)
-                    start = time.perf_counter()
-                    sample(model, n=batch, config=chain, labels=labels, seed=1)
-                    _sync(device)
-                    chains[on].append(time.perf_counter() - start)
+                    chains[on].append(chain_seconds(model, batch, chain, device))
             use_cuda_graphs(False)
             rows.append((name, batch, min(times[False]), min(times[True]), min(chains[False]), min(chains[True]),
                          chain.total_steps))

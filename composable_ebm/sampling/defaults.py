@@ -20,6 +20,7 @@ from typing import Any
 
 from composable_ebm.configs import check_range, config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError
+from composable_ebm.sampling.runner import with_overrides
 from composable_ebm.sampling.transitions import SamplerConfig
 
 _OWN = ("guidance_scale", "augment_preserves", "guided_alone", "alone")
@@ -72,14 +73,10 @@ class SamplingDefaults:
         """The chain settings of the model sampled on its own: ``sampler`` with `alone`'s fields."""
         if not self.alone:
             return self.sampler
-        valid = {f.name for f in dataclasses.fields(SamplerConfig)}
-        unknown = sorted(set(self.alone) - valid)
-        if unknown:
-            raise InvalidInputError(f"unknown sampler setting(s) {unknown} in alone; valid settings: {sorted(valid)}")
         base = config_to_dict(self.sampler)
         merged = {k: {**base[k], **v} if isinstance(v, Mapping) and isinstance(base.get(k), dict) else v
                   for k, v in self.alone.items()}
-        return config_from_dict(SamplerConfig, {**base, **merged})
+        return with_overrides(self.sampler, merged, where=" in alone")
 
     def to_flat(self) -> dict[str, Any]:
         """The flat table of ``config.json`` and recipes: the sampler's fields, then this record's own."""

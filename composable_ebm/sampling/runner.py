@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -82,14 +82,15 @@ def make_generator(seed: int | None, generator: torch.Generator | None, device: 
     return gen
 
 
-def with_overrides(config: SamplerConfig, overrides: dict[str, Any]) -> SamplerConfig:
-    """``config`` with per-call overrides of its fields; an unknown name is one line naming the valid ones."""
+def with_overrides(config: SamplerConfig, overrides: Mapping[str, Any], where: str = "") -> SamplerConfig:
+    """``config`` with overrides of its fields (per call, or a model's settings on its own); an unknown name is one
+    line naming the valid ones (and ``where`` they were given, e.g. ``" in alone"``)."""
     if not overrides:
         return config
     valid = {f.name for f in dataclasses.fields(SamplerConfig)}
     unknown = sorted(set(overrides) - valid)
     if unknown:
-        raise InvalidInputError(f"unknown sampler setting(s) {unknown}; valid settings: {sorted(valid)}")
+        raise InvalidInputError(f"unknown sampler setting(s) {unknown}{where}; valid settings: {sorted(valid)}")
     # through the config codec: every value type-checked as a recipe's would be (a table for augment becomes an
     # AugmentConfig, a string for steps is one line), then range-checked by the config itself
     plain = {k: (config_to_dict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v)
