@@ -46,6 +46,7 @@ from benchmarks._report import write_section
 from benchmarks.sampling import _sync, matmul_gflops, step_flops
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling.graphs import enabled as graphs_enabled
+from composable_ebm.sampling.transitions import native_bfloat16
 from composable_ebm.training import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,6 +120,8 @@ def precision_table(names: list[str], iters: int) -> None:
                 for precision in times:
                     times[precision].append(training_iteration(recipe, data, batch, device, iters, precision))
             where = "cpu, 1 thread" if device.type == "cpu" else torch.cuda.get_device_name()
+            if not native_bfloat16(device.type):  # bfloat16 fell back to float32 (with a warning): say so in the row
+                where += ", no bfloat16 arithmetic (runs float32)"
             full, half = min(times["float32"]), min(times["bfloat16"])
             rows.append((name, where, batch, full, half))
             print(rows[-1], flush=True)

@@ -35,6 +35,15 @@ def _seed():
 
 
 @pytest.fixture
+def bfloat16_arithmetic(monkeypatch):
+    """bfloat16 runs as asked on every CPU (emulated where the CPU has none of its own), so a test of its numerics
+    tests bfloat16 and not the float32 fallback (`composable_ebm.sampling.transitions.native_bfloat16`)."""
+    from composable_ebm.sampling import transitions
+
+    monkeypatch.setattr(transitions, "native_bfloat16", lambda device_type: True)
+
+
+@pytest.fixture
 def color_model() -> ResNetEnergy:
     return ResNetEnergy(tiny_config(name="color", attributes={"color": ("red", "green", "blue")}, null_condition=True))
 

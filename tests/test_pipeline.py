@@ -29,9 +29,11 @@ def bundled():
 
 
 def test_the_bundled_models_sample_the_same_pixels_as_before_the_core_moved(bundled):
-    """Energies and samples (single models, guided, plain, negated and OR composites) equal, to the bit, those the
-    bundled models gave before the input transforms and the pipeline moved (tests/data, made by the earlier code on
-    one CPU thread: with more, float sums may run in another order)."""
+    """Energies and samples (single models, guided, plain, negated and OR composites) equal those the bundled models
+    gave before the input transforms and the pipeline moved (tests/data, made by the earlier code on one CPU thread:
+    with more, float sums may run in another order). To the bit on the CPU that made them; to 1e-4 per pixel and
+    1e-5 per energy anywhere, since another CPU's kernels round differently (an AVX2-only CPU: at most 1.1e-5 per
+    pixel apart), where a change to the code moves these chains' pixels by far more."""
     ref = load_file(ROOT / "tests" / "data" / "bundled_reference.safetensors")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -41,7 +43,8 @@ def test_the_bundled_models_sample_the_same_pixels_as_before_the_core_moved(bund
         torch.set_num_threads(threads)
     assert set(now) == set(ref)
     for key, value in now.items():
-        assert torch.equal(value, ref[key]), key
+        tolerance = 1e-5 if key.startswith("E_") else 1e-4
+        torch.testing.assert_close(value.detach(), ref[key], rtol=0.0, atol=tolerance, msg=key)
 
 
 def _reference_outputs(bundled) -> dict[str, torch.Tensor]:

@@ -1,6 +1,8 @@
 """Training in bfloat16 (`TrainerConfig.precision` for the denoising loss, ``sampler.precision`` for a
 contrastive-divergence chain): the same losses, gradients and chains as float32 within stated tolerances, refused in
-one line when misspelt or misplaced, float32 with a warning where a GPU has no bfloat16."""
+one line when misspelt or misplaced, float32 with a warning where a GPU or a CPU has no bfloat16 arithmetic.
+
+The numerics tests use the ``bfloat16_arithmetic`` fixture: bfloat16 as asked, emulated where this CPU has none."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ def _images(n: int = 32) -> torch.Tensor:
     return (0.5 + 0.2 * torch.randn(n, 3, 8, 8, generator=g)).clamp(0, 1)
 
 
+@pytest.mark.usefixtures("bfloat16_arithmetic")
 def test_bfloat16_denoising_loss_and_gradients_match_float32():
     """Loss within 2% and the parameters' gradient within cosine 0.99 of float32, on one batch and one noise draw."""
     model = DenoisingUNetEnergy(DenoisingUNetConfig(name="u", image_size=8, channels=(16, 32), embedding=16, groups=4,
@@ -45,6 +48,7 @@ def test_bfloat16_denoising_loss_and_gradients_match_float32():
     assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
 
 
+@pytest.mark.usefixtures("bfloat16_arithmetic")
 def test_bfloat16_langevin_chain_ends_where_the_float32_chain_ends():
     """From one start with one noise draw: after one Langevin step every pixel is within 0.02 of the float32 chain's
     (the images span [0, 1]); after ten, where rounding differences have grown through the clamp, the mean pixel is
@@ -64,7 +68,7 @@ def test_bfloat16_langevin_chain_ends_where_the_float32_chain_ends():
 
 
 @pytest.mark.parametrize("noise_conditioned", [False, True])
-def test_a_bfloat16_run_trains_with_float32_weights_and_records(noise_conditioned, tmp_path):
+def test_a_bfloat16_run_trains_with_float32_weights_and_records(noise_conditioned, tmp_path, bfloat16_arithmetic):
     if noise_conditioned:
         model = DenoisingUNetEnergy(DenoisingUNetConfig(name="u", image_size=8, channels=(8, 16), embedding=16,
                                                         groups=4))
@@ -97,6 +101,28 @@ def test_a_gpu_without_bfloat16_trains_in_float32_with_one_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match="an old GPU has no bfloat16 arithmetic; training in float32"):
         context = network_precision(torch.device("cuda"), "bfloat16")
     assert isinstance(context, contextlib.nullcontext)
+
+
+def test_a_cpu_without_bfloat16_trains_and_samples_in_float32_with_one_warning(monkeypatch):
+    """Emulated bfloat16 is many times slower than float32, so where the CPU has none of its own the trainer and the
+    sampler run float32 and say so: the same chain, to the bit, as a float32 one."""
+    from composable_ebm.sampling import transitions
+
+    monkeypatch.setattr(transitions, "_cpu_bfloat16", lambda: False)
+    assert not transitions.native_bfloat16("cpu")
+    with pytest.warns(RuntimeWarning, match="^this CPU has no bfloat16 arithmetic; training in float32$"):
+        context = network_precision(CPU, "bfloat16")
+    assert isinstance(context, contextlib.nullcontext)
+    model = ResNetEnergy(tiny_config())
+    start = torch.rand(8, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    ends = {}
+    for precision in ("float32", "bfloat16"):
+        config = SamplerConfig(step_size=10.0, noise=0.005, steps=3, precision=precision)
+        with pytest.warns(RuntimeWarning, match="this CPU has no bfloat16 arithmetic; sampling in float32") \
+                if precision == "bfloat16" else contextlib.nullcontext():
+            ends[precision] = run_chain(model, start.clone(), config, torch.Generator().manual_seed(2)).x
+    assert torch.equal(ends["bfloat16"], ends["float32"])
+    assert not torch.equal(ends["float32"], start)
 
 
 def test_cebm_train_precision_overrides_the_recipe_says_so_in_the_card_and_may_change_on_resume(tmp_path):

@@ -253,7 +253,7 @@ def test_callback_sees_every_step(image_energy):
     assert seen == [1, 2, 3, 4, 5, 6]
 
 
-def test_bf16_sampling_returns_float32_samples_close_to_fp32(image_energy):
+def test_bf16_sampling_returns_float32_samples_close_to_fp32(image_energy, bfloat16_arithmetic):
     cfg = SamplerConfig(step_size=0.5, noise=0.0, steps=2)
     fp32 = sample(image_energy, 4, cfg, seed=0).samples
     bf16 = sample(image_energy, 4, cfg, seed=0, precision="bfloat16").samples

@@ -9,6 +9,8 @@ state caches the energy and gradient of its position, so MALA never recomputes t
 from __future__ import annotations
 
 import contextlib
+import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
@@ -207,14 +209,43 @@ class StepInfo:
     accepted: Tensor | None  # MALA: per-chain bool (B,); Langevin: None
 
 
-def autocast(device_type: str, precision: str) -> contextlib.AbstractContextManager:
+def native_bfloat16(device_type: str) -> bool:
+    """Whether ``device_type`` has bfloat16 arithmetic of its own: a GPU from Ampere on; a CPU for which oneDNN has
+    bfloat16 kernels (AVX-512 BF16 or AMX on x86, BF16 on Arm). Elsewhere bfloat16 is emulated, many times slower
+    than float32 (docs/training.md)."""
+    if device_type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device_type == "cpu":
+        return _cpu_bfloat16()
+    return True  # other backends: as asked
+
+
+@functools.cache
+def _cpu_bfloat16() -> bool:
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _device_words(device_type: str) -> str:
+    if device_type == "cuda":
+        return torch.cuda.get_device_name()
+    return "this CPU" if device_type == "cpu" else device_type
+
+
+def autocast(device_type: str, precision: str, doing: str = "sampling") -> contextlib.AbstractContextManager:
     """The context network passes run in at ``precision``: nothing for float32, bfloat16 autocast on ``device_type``
-    (the sampler's energy evaluations; the trainer's denoising loss)."""
+    (the sampler's energy evaluations; the trainer's denoising loss, ``doing="training"``).
+
+    Where the device has no bfloat16 arithmetic (`native_bfloat16`) it warns in one line and runs float32: emulated,
+    bfloat16 would be many times slower, where it was asked for to be faster."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid choices: {list(PRECISIONS)}")
-    if precision == "bfloat16":
-        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    if precision == "float32":
+        return contextlib.nullcontext()
+    if not native_bfloat16(device_type):
+        warnings.warn(f"{_device_words(device_type)} has no bfloat16 arithmetic; {doing} in float32",
+                      RuntimeWarning, stacklevel=3)
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
 
 
 def evaluate(
