@@ -37,6 +37,12 @@ transitions at each; ``--first-steps``: transitions at the first level before th
 with other guidance scales for the models drawn guided on their own (``--scales``)::
 
     python -m benchmarks.faces --only alone --levels 30 --n 128 --label levels30
+
+The gaps' floor: what an exact sampler of the training split would read as the largest gap of each alone row, at
+``N`` samples per row (``N`` of the training renders of that value drawn at random, read by the classifier, many
+times), so that a measured gap can be told from the noise of its ``--n`` samples::
+
+    python -m benchmarks.faces --gap-floor 64 128 256 [--draws 500]
 """
 
 from __future__ import annotations
@@ -334,6 +340,59 @@ def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models:
     return "\n".join(lines)
 
 
+def gap_floor(data, classifier, ns: list[int], draws: int) -> dict[tuple[str, str, int], torch.Tensor]:
+    """The largest gap to the training split that an exact sampler of it reads in each alone row: ``draws`` times,
+    ``n`` of the training renders of the row's value at random (without replacement), read by the classifier as a
+    row's samples are, against the mix of the other attributes among all of them. ``(attribute, value, n)`` ->
+    ``(draws,)``; draw ``d`` of every row comes from one generator, in order."""
+    read = classifier.predict(data.images.float() / 255)
+    trained_all = ~combination_mask(data.labels, FACES_ATTRIBUTES, [HELD_OUT])
+    generator = torch.Generator().manual_seed(0)
+    out = {}
+    for a in ATTRIBUTES:
+        for v in FACES_ATTRIBUTES[a]:
+            trained = _matching(data.labels, {a: [v]}) & trained_all
+            pool = trained.nonzero().squeeze(1)
+            mix = {b: value_distribution(data.labels[b][trained], FACES_ATTRIBUTES[b]) for b in ATTRIBUTES if b != a}
+            for n in ns:
+                if n > len(pool):
+                    raise SystemExit(f"--gap-floor {n} is more than the {len(pool)} training renders of {a}={v}")
+                gaps = []
+                for _ in range(draws):
+                    picked = pool[torch.randperm(len(pool), generator=generator)[:n]]
+                    gaps.append(max(max_deviation(value_distribution(read[b][picked], FACES_ATTRIBUTES[b]), mix[b])
+                                    for b in mix))
+                out[a, v, n] = torch.tensor(gaps)
+    return out
+
+
+def gap_floor_report(floor: dict[tuple[str, str, int], torch.Tensor], ns: list[int], draws: int,
+                     minutes: float) -> str:
+    """The floor per row and of the table's headline (the largest over the alone rows), median and 95th percentile."""
+    rows = [(a, v) for a in ATTRIBUTES for v in FACES_ATTRIBUTES[a] if (a, v, ns[0]) in floor]
+
+    def cell(values: torch.Tensor) -> str:
+        return f"{float(values.median()):.2f} / {float(values.quantile(0.95)):.2f}"
+
+    headline = {n: torch.stack([floor[a, v, n] for a, v in rows]).amax(dim=0) for n in ns}
+    return "\n".join([
+        "## Faces: the gaps' floor",
+        "",
+        f"`python -m benchmarks.faces --gap-floor {' '.join(map(str, ns))} --draws {draws}` on {machine()},"
+        f" {minutes:.1f} minutes: what an exact sampler of the models' training split reads as the largest gap of each"
+        " alone row (the other attributes' mix against the training split's under that value, as the table above"
+        " reads it): N of the training renders of that value drawn at random, read by the faces classifier,"
+        f" {draws} times. Median / 95th percentile.",
+        "",
+        "**The headline** (the largest gap over the 10 alone rows, target <= 0.10): "
+        + "; ".join(f"N = {n}: {cell(headline[n])}" for n in ns) + ".",
+        "",
+        "| model | value | " + " | ".join(f"N = {n}" for n in ns) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in ns) + " |",
+        *(f"| faces-{a} | {v} | " + " | ".join(cell(floor[a, v, n]) for n in ns) + " |" for a, v in rows),
+    ])
+
+
 def _write(args, rows: list[dict], samples: dict[str, torch.Tensor], fresh, minutes: float, models: str,
            scales: str | None, ladder: dict[str, int]) -> None:
     """The docs section of a whole table (`report`), of a guidance screen (`screen_report`) or of a sampler screen
@@ -383,7 +442,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="transitions per level that replace the models' own")
     parser.add_argument("--first-steps", type=int, default=None,
                         help="transitions at the first level before the descent that replace the models' own")
+    parser.add_argument("--gap-floor", type=int, nargs="+", default=None, metavar="N",
+                        help="instead of sampling: the largest gap an exact sampler of the training split reads at N"
+                             " samples per row (section faces-gap-floor)")
+    parser.add_argument("--draws", type=int, default=500, help="random draws per row and N for --gap-floor")
     args = parser.parse_args()
+    if args.gap_floor:
+        start = time.perf_counter()
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        floor = gap_floor(faces(20000, seed=0, size=16), load(args.classifier), args.gap_floor, args.draws)
+        text = gap_floor_report(floor, args.gap_floor, args.draws, (time.perf_counter() - start) / 60)
+        write_section("faces-gap-floor", text)
+        print(text)
+        return
     scales = _scales(args.scales)
     ladder = {k: v for k, v in (("levels", args.levels), ("steps", args.steps), ("first_steps", args.first_steps))
               if v is not None}

@@ -246,3 +246,30 @@ def test_an_interrupted_faces_table_shard_resumes_with_its_rows_and_refuses_othe
     _save_shard(table, tensors, rows, {"1": samples["1"]}, 2.5, settings)
     assert [r["index"] for r in _resumed(table, tensors, settings)[0]] == [1]
     assert not list(tmp_path.glob(".*.tmp"))  # each file was replaced whole
+
+
+def test_the_faces_gap_floor_is_zero_for_the_whole_split_and_shrinks_with_more_samples():
+    """An exact sampler of the training split that draws all of a value's renders reads its mix exactly (gap 0); at
+    a few samples it reads gaps, larger at 8 samples than at 64."""
+    from types import SimpleNamespace
+
+    from benchmarks.faces import ATTRIBUTES, HELD_OUT, gap_floor
+    from composable_ebm.data import FACES_ATTRIBUTES, combination_mask
+
+    g = torch.Generator().manual_seed(0)
+    labels = {a: torch.randint(len(FACES_ATTRIBUTES[a]), (2000,), generator=g) for a in ATTRIBUTES}
+    data = SimpleNamespace(images=torch.zeros(2000, 3, 4, 4, dtype=torch.uint8), labels=labels)
+    reader = SimpleNamespace(predict=lambda x: labels)  # reads every render right
+    trained = ~combination_mask(labels, FACES_ATTRIBUTES, [HELD_OUT])
+    pools = {(a, v): int(((labels[a] == i) & trained).sum()) for a in ATTRIBUTES
+             for i, v in enumerate(FACES_ATTRIBUTES[a])}
+    smallest = min(pools, key=pools.get)
+    whole = gap_floor(data, reader, [pools[smallest]], draws=3)
+    assert float(whole[(*smallest, pools[smallest])].abs().max()) < 1e-6  # all its training renders: the exact mix
+    floor = gap_floor(data, reader, [8, 64], draws=40)
+    assert len(floor) == 2 * len(pools)
+    for a in ATTRIBUTES:
+        for v in FACES_ATTRIBUTES[a]:
+            assert float(floor[a, v, 8].median()) > float(floor[a, v, 64].median()) > 0
+    with pytest.raises(SystemExit, match="more than the"):
+        gap_floor(data, reader, [5000], draws=1)
