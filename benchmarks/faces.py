@@ -15,8 +15,9 @@ bundled``), samples every row as a user does (``energy.sample(n, seed=...)`` wit
 reads the samples with the faces classifier:
 
 - alone: every value of every model: accuracy, the largest gap between the other attributes' mix and the data's
-  under that value, FID ratio (in the classifier's features, over the floor of as many fresh renders) and
-  high-frequency ratio against fresh renders of that value;
+  under that value (beside what an exact sampler of the training split reads at as many samples: the gap's floor),
+  FID ratio (in the classifier's features, over the floor of as many fresh renders) and high-frequency ratio
+  against fresh renders of that value;
 - every conjunction of 2 and 3 of smiling, glasses and hat, every value (12 pairs, 8 triples), in the plain form
   (``a + b``) and the guided form (``guided(a + b)``): joint accuracy (every conditioned attribute read right at
   once) and realism against fresh renders of that combination; smiling + glasses + hat is held out of every
@@ -125,11 +126,13 @@ def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> to
 
 
 def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
-            scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None) -> tuple[dict, torch.Tensor]:
+            scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None,
+            data_read: dict[str, torch.Tensor] | None = None) -> tuple[dict, torch.Tensor]:
     """One row: its scores and its first samples (for the sheets). ``scales`` (attribute -> guidance scale) replaces
     the models' own guidance scales in a guided row, a model drawn guided on its own included; ``ladder``
     (``levels``, ``steps``, ``first_steps``) the models' noise ladder's number of levels, transitions at each and
-    transitions before the descent."""
+    transitions before the descent. With ``data_read`` (the classifier's readings of ``data``) an alone row also
+    gets its gap's floor at ``n`` (`row_gap_floor`)."""
 
     def loader(name: str):
         return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"))
@@ -166,6 +169,10 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
             row[key] = {b: max_deviation(value_distribution(read[b], FACES_ATTRIBUTES[b]),
                                          value_distribution(data.labels[b][among], FACES_ATTRIBUTES[b]))
                         for b in ATTRIBUTES if b != a}
+        if data_read is not None:  # what an exact sampler of the training split reads at this n
+            floor = row_gap_floor(data_read, data.labels, a, v, n, FLOOR_DRAWS,
+                                  torch.Generator().manual_seed(job["index"]))
+            row["gap_floor"] = [round(float(g), 6) for g in floor]
     if job["kind"] == "or":
         row["shares"] = {c: float((read["hair"] == FACES_ATTRIBUTES["hair"].index(c)).float().mean())
                          for c in job["want"]["hair"]}
@@ -213,23 +220,36 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def _median_p95(values: torch.Tensor) -> str:
+    return f"{float(values.median()):.2f} / {float(values.quantile(0.95)):.2f}"
+
+
 def alone_table(rows: list[dict], model_column: bool = True) -> list[str]:
-    """The table of each model alone: a line per value (a model card's table has no model column)."""
+    """The table of each model alone: a line per value (a model card's table has no model column); where every row
+    has its gap's floor (`row_gap_floor`), a column gives its median and 95th percentile."""
     head = "| model " if model_column else ""
+    floors = all("gap_floor" in r for r in rows)
     lines = [f"{head}| value | accuracy | FID ratio | HF ratio | largest gap (other attributes) to every render |"
-             " to the training split |", "| --- " * (7 if model_column else 6) + "|"]
+             " to the training split |" + (" an exact sampler's (median / 95th percentile) |" if floors else ""),
+             "| --- " * (6 + model_column + floors) + "|"]
     for r in rows:
         (a, (v,)), = r["want"].items()
         gaps = [max(r[key].items(), key=lambda item: item[1]) for key in ("gaps", "gaps_training")]
         lines.append((f"| faces-{a} " if model_column else "") + f"| {v} | {r['joint']:.3f} | {r['fid_ratio']:.1f} |"
-                     f" {r['hf_ratio']:.2f} |" + "".join(f" {b} {gap:.2f} |" for b, gap in gaps))
+                     f" {r['hf_ratio']:.2f} |" + "".join(f" {b} {gap:.2f} |" for b, gap in gaps)
+                     + (f" {_median_p95(torch.tensor(r['gap_floor']))} |" if floors else ""))
     return lines
 
 
 def largest_gaps(rows: list[dict]) -> str:
-    """The alone rows' largest gap to every render and to the training split, as a sentence's end."""
-    return (f"largest gap {max(max(r['gaps'].values()) for r in rows):.2f} to every render,"
+    """The alone rows' largest gap to every render and to the training split (and, where the rows have their floors,
+    what an exact sampler of the training split reads as that largest gap), as a sentence's end."""
+    text = (f"largest gap {max(max(r['gaps'].values()) for r in rows):.2f} to every render,"
             f" {max(max(r['gaps_training'].values()) for r in rows):.2f} to the training split")
+    if all("gap_floor" in r for r in rows):
+        headline = torch.tensor([r["gap_floor"] for r in rows]).amax(dim=0)
+        text += f" (an exact sampler of it: {_median_p95(headline)}, median / 95th percentile)"
+    return text
 
 
 def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str, n: int, minutes: float,
@@ -250,8 +270,11 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
         " energy over the renders'. Gap: the largest difference between the samples' mix of another attribute, as"
         " the classifier reads it, and the renders' under the row's value, to every render and to the training split"
         " (the renders the models trained on, the held-out triple left out). A model that drew its training data"
-        " exactly reads 0 to the training split, and to every render 0.16-0.17 in the `yes` rows of smiling, glasses"
-        " and hat and about 0.07 in the hair rows, which the held-out triple shifts.", "",
+        f" exactly reads to the training split only the noise of {n} samples (\"Faces: the gaps' floor\" below"
+        + (f"; the last column: {n} of the training renders of the row's value drawn at random {FLOOR_DRAWS} times"
+           if all("gap_floor" in r for r in alone) else "")
+        + "), and to every render 0.16-0.17 more in the `yes` rows of smiling, glasses and hat and about 0.07 more"
+        " in the hair rows, which the held-out triple shifts.", "",
         "**Each model alone** (targets: every value >= 0.95, gaps <= 0.10, median FID ratio <= 3, worst <= 6, HF"
         f" ratio <= 1.5): median FID ratio **{statistics.median(fid):.1f}** (worst {fid[-1]:.1f}); accuracy mean"
         f" {_mean([r['joint'] for r in alone]):.3f} (worst {min(r['joint'] for r in alone):.3f}); {largest_gaps(alone)}.",
@@ -340,39 +363,39 @@ def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models:
     return "\n".join(lines)
 
 
+FLOOR_DRAWS = 500  # draws of an exact sampler per alone row, for the gaps' floor
+
+
+def row_gap_floor(read: dict[str, torch.Tensor], labels: dict[str, torch.Tensor], attribute: str, value: str, n: int,
+                  draws: int, generator: torch.Generator) -> torch.Tensor:
+    """The largest gap to the training split that an exact sampler of it reads in the alone row ``attribute=value``
+    at ``n`` samples, ``draws`` times ``(draws,)``: ``n`` of the training renders of that value at random (without
+    replacement), read by the classifier as a row's samples are (``read``: its readings of every render), against the
+    mix of the other attributes among all of them (``labels``: the renders' own)."""
+    trained = _matching(labels, {attribute: [value]}) & ~combination_mask(labels, FACES_ATTRIBUTES, [HELD_OUT])
+    pool = trained.nonzero().squeeze(1)
+    if n > len(pool):
+        raise SystemExit(f"{n} samples per row is more than the {len(pool)} training renders of {attribute}={value}")
+    mix = {b: value_distribution(labels[b][trained], FACES_ATTRIBUTES[b]) for b in ATTRIBUTES if b != attribute}
+    gaps = []
+    for _ in range(draws):
+        picked = pool[torch.randperm(len(pool), generator=generator)[:n]]
+        gaps.append(max(max_deviation(value_distribution(read[b][picked], FACES_ATTRIBUTES[b]), mix[b]) for b in mix))
+    return torch.tensor(gaps)
+
+
 def gap_floor(data, classifier, ns: list[int], draws: int) -> dict[tuple[str, str, int], torch.Tensor]:
-    """The largest gap to the training split that an exact sampler of it reads in each alone row: ``draws`` times,
-    ``n`` of the training renders of the row's value at random (without replacement), read by the classifier as a
-    row's samples are, against the mix of the other attributes among all of them. ``(attribute, value, n)`` ->
-    ``(draws,)``; draw ``d`` of every row comes from one generator, in order."""
+    """`row_gap_floor` of every alone row at each ``n``: ``(attribute, value, n)`` -> ``(draws,)``."""
     read = classifier.predict(data.images.float() / 255)
-    trained_all = ~combination_mask(data.labels, FACES_ATTRIBUTES, [HELD_OUT])
     generator = torch.Generator().manual_seed(0)
-    out = {}
-    for a in ATTRIBUTES:
-        for v in FACES_ATTRIBUTES[a]:
-            trained = _matching(data.labels, {a: [v]}) & trained_all
-            pool = trained.nonzero().squeeze(1)
-            mix = {b: value_distribution(data.labels[b][trained], FACES_ATTRIBUTES[b]) for b in ATTRIBUTES if b != a}
-            for n in ns:
-                if n > len(pool):
-                    raise SystemExit(f"--gap-floor {n} is more than the {len(pool)} training renders of {a}={v}")
-                gaps = []
-                for _ in range(draws):
-                    picked = pool[torch.randperm(len(pool), generator=generator)[:n]]
-                    gaps.append(max(max_deviation(value_distribution(read[b][picked], FACES_ATTRIBUTES[b]), mix[b])
-                                    for b in mix))
-                out[a, v, n] = torch.tensor(gaps)
-    return out
+    return {(a, v, n): row_gap_floor(read, data.labels, a, v, n, draws, generator)
+            for a in ATTRIBUTES for v in FACES_ATTRIBUTES[a] for n in ns}
 
 
 def gap_floor_report(floor: dict[tuple[str, str, int], torch.Tensor], ns: list[int], draws: int,
                      minutes: float) -> str:
     """The floor per row and of the table's headline (the largest over the alone rows), median and 95th percentile."""
     rows = [(a, v) for a in ATTRIBUTES for v in FACES_ATTRIBUTES[a] if (a, v, ns[0]) in floor]
-
-    def cell(values: torch.Tensor) -> str:
-        return f"{float(values.median()):.2f} / {float(values.quantile(0.95)):.2f}"
 
     headline = {n: torch.stack([floor[a, v, n] for a, v in rows]).amax(dim=0) for n in ns}
     return "\n".join([
@@ -385,11 +408,11 @@ def gap_floor_report(floor: dict[tuple[str, str, int], torch.Tensor], ns: list[i
         f" {draws} times. Median / 95th percentile.",
         "",
         "**The headline** (the largest gap over the 10 alone rows, target <= 0.10): "
-        + "; ".join(f"N = {n}: {cell(headline[n])}" for n in ns) + ".",
+        + "; ".join(f"N = {n}: {_median_p95(headline[n])}" for n in ns) + ".",
         "",
         "| model | value | " + " | ".join(f"N = {n}" for n in ns) + " |",
         "| --- | --- | " + " | ".join("---" for _ in ns) + " |",
-        *(f"| faces-{a} | {v} | " + " | ".join(cell(floor[a, v, n]) for n in ns) + " |" for a, v in rows),
+        *(f"| faces-{a} | {v} | " + " | ".join(_median_p95(floor[a, v, n]) for n in ns) + " |" for a, v in rows),
     ])
 
 
@@ -483,6 +506,7 @@ def main() -> None:
     start = time.perf_counter()
     classifier = load(args.classifier)
     data = faces(20000, seed=0, size=16)  # the training renders, held-out faces included: the reference set
+    data_read = classifier.predict(data.images.float() / 255)  # for the gaps' floor
     table, tensors = _paths(args.out, args.label, shard)
     settings = {"models": args.models, "classifier": args.classifier, "n": args.n, "scales": args.scales,
                 "ladder": ladder, "only": args.only}
@@ -491,7 +515,7 @@ def main() -> None:
     for job in todo[shard[0]::shard[1]]:
         if job["index"] in done:
             continue
-        row, first = measure(job, args.models, classifier, data, fresh, args.n, scales, ladder)
+        row, first = measure(job, args.models, classifier, data, fresh, args.n, scales, ladder, data_read)
         rows.append(row)
         samples[str(job["index"])] = first.contiguous()
         minutes = before + (time.perf_counter() - start) / 60

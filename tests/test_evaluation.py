@@ -273,3 +273,24 @@ def test_the_faces_gap_floor_is_zero_for_the_whole_split_and_shrinks_with_more_s
             assert float(floor[a, v, 8].median()) > float(floor[a, v, 64].median()) > 0
     with pytest.raises(SystemExit, match="more than the"):
         gap_floor(data, reader, [5000], draws=1)
+
+
+def test_the_faces_alone_table_gives_each_rows_floor_when_every_row_has_one():
+    from benchmarks.faces import alone_table, largest_gaps
+
+    def row(value: str, floor: list[float] | None) -> dict:
+        r = {"want": {"hat": [value]}, "joint": 1.0, "fid_ratio": 3.0, "hf_ratio": 0.9,
+             "gaps": {"hair": 0.3, "smiling": 0.1}, "gaps_training": {"hair": 0.2, "smiling": 0.05}}
+        return r if floor is None else {**r, "gap_floor": floor}
+
+    rows = [row("no", [0.1] * 19 + [0.25, 0.4]), row("yes", [0.2] * 21)]  # 21 draws: the 95th percentile is one
+    lines = alone_table(rows)
+    assert lines[0].endswith("| to the training split | an exact sampler's (median / 95th percentile) |")
+    assert all(line.count("|") == 9 for line in lines)
+    assert lines[2].endswith("| hair 0.30 | hair 0.20 | 0.10 / 0.25 |")
+    assert largest_gaps(rows).endswith("0.20 to the training split (an exact sampler of it: 0.20 / 0.25, median /"
+                                       " 95th percentile)")
+    # rows measured before the floor existed (a resumed shard): no column, no floor in the sentence
+    old = [row("no", None), rows[1]]
+    assert all(line.count("|") == 8 for line in alone_table(old))
+    assert largest_gaps(old).endswith("0.20 to the training split")
