@@ -396,7 +396,6 @@ def gap_floor_report(floor: dict[tuple[str, str, int], torch.Tensor], ns: list[i
                      minutes: float) -> str:
     """The floor per row and of the table's headline (the largest over the alone rows), median and 95th percentile."""
     rows = [(a, v) for a in ATTRIBUTES for v in FACES_ATTRIBUTES[a] if (a, v, ns[0]) in floor]
-
     headline = {n: torch.stack([floor[a, v, n] for a, v in rows]).amax(dim=0) for n in ns}
     return "\n".join([
         "## Faces: the gaps' floor",
