@@ -213,8 +213,8 @@ def native_bfloat16(device_type: str) -> bool:
     """Whether ``device_type`` has bfloat16 arithmetic of its own: a GPU from Ampere on; a CPU for which oneDNN has
     bfloat16 kernels (AVX-512 BF16 or AMX on x86, BF16 on Arm). Elsewhere bfloat16 is emulated, many times slower
     than float32 (docs/training.md)."""
-    if device_type == "cuda":
-        return torch.cuda.is_bf16_supported()
+    if device_type == "cuda":  # without emulation: an older GPU "supports" bfloat16 by emulating it
+        return torch.cuda.is_bf16_supported(including_emulation=False)
     if device_type == "cpu":
         return _cpu_bfloat16()
     return True  # other backends: as asked
