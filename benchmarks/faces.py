@@ -125,6 +125,13 @@ def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> to
     return _hits(labels, want).all(dim=0)
 
 
+def floor_sets(pool: torch.Tensor, n: int, most: int = 4) -> torch.Tensor:
+    """The fresh renders the realism floor averages over: as many whole sets of ``n`` as ``pool`` holds, at most
+    ``most`` (a value a quarter of the renders have holds fewer than 4 sets of 256). None when it holds fewer than
+    ``n``, which `realism` refuses in one line."""
+    return pool[: min(most, pool.shape[0] // n) * n]
+
+
 def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
             scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None,
             data_read: dict[str, torch.Tensor] | None = None) -> tuple[dict, torch.Tensor]:
@@ -158,7 +165,7 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
     row["per_attribute"] = {a: float(h.float().mean()) for a, h in zip(job["want"], hits)}
     real_pool = fresh.images[_matching(fresh.labels, job["want"])].float() / 255
     reference = data.images[_matching(data.labels, job["want"])][:500].float() / 255
-    real = real_pool[: 4 * n]
+    real = floor_sets(real_pool, n)
     score = realism(samples, real, reference, classifier.features)
     row.update({"fid_ratio": score.fid_ratio, "hf_ratio": score.hf_ratio, "n": n, "n_real": int(real.shape[0])})
     if job["kind"] == "alone":

@@ -294,3 +294,17 @@ def test_the_faces_alone_table_gives_each_rows_floor_when_every_row_has_one():
     old = [row("no", None), rows[1]]
     assert all(line.count("|") == 8 for line in alone_table(old))
     assert largest_gaps(old).endswith("0.20 to the training split")
+
+
+def test_the_faces_realism_floor_takes_whole_sets_of_the_samples_as_the_fresh_renders_hold():
+    """A value a quarter of the fresh renders have holds fewer than 4 sets of 256: the floor averages over the whole
+    sets it holds (the table at --n 256 stopped at its first hair row before), and fewer renders than samples are
+    refused by `realism` in one line."""
+    from benchmarks.faces import floor_sets
+    from composable_ebm.evaluation.realism import realism
+
+    pool = torch.rand(992, 3, 4, 4)
+    assert floor_sets(pool, 256).shape[0] == 768 and floor_sets(pool, 64).shape[0] == 256  # 3 sets; at most 4
+    assert floor_sets(pool[:200], 256).shape[0] == 0
+    with pytest.raises(ValueError, match="whole multiple of the 256 samples in real images, got 0"):
+        realism(torch.rand(256, 3, 4, 4), floor_sets(pool[:200], 256), pool[:300], lambda x: x.flatten(1))
