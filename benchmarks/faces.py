@@ -127,7 +127,7 @@ def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> to
 
 def floor_sets(pool: torch.Tensor, n: int, most: int = 4) -> torch.Tensor:
     """The fresh renders the realism floor averages over: as many whole sets of ``n`` as ``pool`` holds, at most
-    ``most`` (a value a quarter of the renders have holds fewer than 4 sets of 256). None when it holds fewer than
+    ``most`` (a value a quarter of the renders have holds fewer than 4 sets of 256). Empty when it holds fewer than
     ``n``, which `realism` refuses in one line."""
     return pool[: min(most, pool.shape[0] // n) * n]
 
@@ -353,14 +353,16 @@ def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: 
 
 def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models: str, ladder: dict[str, int],
                    scales: str | None = None) -> str:
-    """The short section of a screen of each model alone with a given noise ladder or guidance scales."""
+    """The short section of each model alone: a screen with a given noise ladder or guidance scales, or (with neither)
+    the models' own settings at another number of samples than the whole table's."""
     command = " ".join(["python -m benchmarks.faces --models", models, "--only alone",
                         *(f"--{k.replace('_', '-')} {v}" for k, v in ladder.items()),
                         *([f"--scales {scales}"] if scales else []), f"--n {n} --label {label}"])
     given = ([f"{k.replace('_', ' ')} {v}" for k, v in ladder.items()]
              + ([f"guidance scales {scales}"] if scales else []))
     fid = sorted(r["fid_ratio"] for r in rows)
-    lines = [f"## Faces sampler screen ({label})", "",
+    title = f"Faces sampler screen ({label})" if given else f"Faces models alone, {n} samples per row ({label})"
+    lines = [f"## {title}", "",
              f"`{command}` on {machine()}, {minutes:.0f} CPU-minutes ("
              + (", ".join(given) + " instead of the models' own" if given else "the models' own settings")
              + f"): median FID ratio **{statistics.median(fid):.1f}** (worst"
