@@ -39,6 +39,12 @@ with other guidance scales for the models drawn guided on their own (``--scales`
 
     python -m benchmarks.faces --only alone --levels 30 --n 128 --label levels30
 
+With none of those, ``--only alone`` measures each model alone with its own settings at another number of samples
+per row; at 256 the gaps' floor (below) is low enough to judge the 0.10 target (a value's floor averages over as
+many whole sets of fresh renders as there are, at most 4)::
+
+    python -m benchmarks.faces --only alone --n 256 --label n256
+
 The gaps' floor: what an exact sampler of the training split would read as the largest gap of each alone row, at
 ``N`` samples per row (``N`` of the training renders of that value drawn at random, read by the classifier, many
 times), so that a measured gap can be told from the noise of its ``--n`` samples::
