@@ -33,9 +33,12 @@ own (``--scales smiling=1,glasses=1,hat=1``), and writes a short table::
 
     python -m benchmarks.faces --only guided --scales smiling=1,glasses=1,hat=1 --label scale1
 
+Guidance intervals replace the models' own where scales would (``--intervals smiling=0:0.3,...``: each model's scale
+applies at noise levels 0 < sigma <= 0.3, and 1 above; `composable_ebm.energy.Guided`).
+
 A sampler screen measures each model alone with another noise ladder (``--levels``: how many levels; ``--steps``:
 transitions at each; ``--first-steps``: transitions at the first level before the descent) than the models' own, or
-with other guidance scales for the models drawn guided on their own (``--scales``)::
+with other guidance scales or intervals for the models drawn guided on their own (``--scales``, ``--intervals``)::
 
     python -m benchmarks.faces --only alone --levels 30 --n 128 --label levels30
 
@@ -70,7 +73,8 @@ from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid
 from composable_ebm.atomic import write_atomic
 from composable_ebm.data import FACES_ATTRIBUTES, combination_mask, faces
-from composable_ebm.energy import Guided
+from composable_ebm.energy import Guided, check_interval
+from composable_ebm.errors import InvalidInputError
 from composable_ebm.evaluation.conditional import max_deviation, value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.expression import parse_expression
@@ -140,9 +144,11 @@ def floor_sets(pool: torch.Tensor, n: int, most: int = 4) -> torch.Tensor:
 
 def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
             scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None,
-            data_read: dict[str, torch.Tensor] | None = None) -> tuple[dict, torch.Tensor]:
+            data_read: dict[str, torch.Tensor] | None = None,
+            intervals: dict[str, tuple[float, float]] | None = None) -> tuple[dict, torch.Tensor]:
     """One row: its scores and its first samples (for the sheets). ``scales`` (attribute -> guidance scale) replaces
-    the models' own guidance scales in a guided row, a model drawn guided on its own included; ``ladder``
+    the models' own guidance scales in a guided row, a model drawn guided on its own included, and ``intervals``
+    (attribute -> the noise levels ``(lo, hi)`` a scale applies at) their guidance intervals; ``ladder``
     (``levels``, ``steps``, ``first_steps``) the models' noise ladder's number of levels, transitions at each and
     transitions before the descent. With ``data_read`` (the classifier's readings of ``data``) an alone row also
     gets its gap's floor at ``n`` (`row_gap_floor`)."""
@@ -151,11 +157,14 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
         return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"))
 
     energy = parse_expression(job["expression"], loader)
-    if scales and not isinstance(energy, Guided) and job["form"] != "plain" and has_guided_form(energy):
+    given = scales or intervals
+    if given and not isinstance(energy, Guided) and job["form"] != "plain" and has_guided_form(energy):
         energy = composed(energy, job["form"])  # a model drawn guided on its own (`guided_alone`): that form
-    if scales and isinstance(energy, Guided):  # the same terms and weights, the given scales
+    if given and isinstance(energy, Guided):  # the same terms and weights, the given scales and intervals
+        bound = [next(iter(t.bound)) for t in energy.terms]
         energy = Guided(energy.weights, list(energy.terms),
-                        [scales.get(next(iter(t.bound)), s) for t, s in zip(energy.terms, energy.scales)])
+                        [(scales or {}).get(a, s) for a, s in zip(bound, energy.scales)],
+                        [(intervals or {}).get(a, i) for a, i in zip(bound, energy.intervals)])
     overrides = {}
     if ladder:
         own = plan(energy, job["form"]).config
@@ -266,15 +275,15 @@ def largest_gaps(rows: list[dict]) -> str:
 
 
 def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str, n: int, minutes: float,
-           models: str) -> str:
-    """The docs section and its contact sheets."""
+           models: str, options: str = "") -> str:
+    """The docs section and its contact sheets; ``options``: the command's settings beyond the models' own."""
     images = ROOT / "docs" / "images"
     alone = [r for r in rows if r["kind"] == "alone"]
     _sheet(alone, samples, fresh, images / f"faces-{label}-alone.png")
     fid = sorted(r["fid_ratio"] for r in alone)
     lines = [
         f"## Faces models ({label})", "",
-        f"`python -m benchmarks.faces --models {models} --n {n} --label {label}` (as shards and `--merge`) on"
+        f"`python -m benchmarks.faces --models {models}{options} --n {n} --label {label}` (as shards and `--merge`) on"
         f" {machine()}, {minutes:.0f} CPU-minutes. Every row is {n} samples drawn as a user draws them, read by the"
         " faces classifier (a model on its own runs its `[sampling.alone]` settings, and is drawn guided where its"
         " settings say `guided_alone`); FID ratio in"
@@ -339,13 +348,16 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
     return "\n".join(lines)
 
 
-def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: str, scales: str | None) -> str:
+def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: str, scales: str | None,
+                  intervals: str | None = None) -> str:
     """The short section of a screen over the guided conjunctions."""
+    given = [f"guidance scales {scales}"] * bool(scales) + [f"guidance intervals {intervals}"] * bool(intervals)
     lines = [f"## Faces guidance screen ({label})", "",
              f"`python -m benchmarks.faces --models {models} --only guided --n {n} --label {label}"
-             + (f" --scales {scales}`" if scales else "`") + f" on {machine()}, {minutes:.0f} CPU-minutes"
-             + (" (guidance scales given instead of the models' own)" if scales else " (the models' own guidance scales)")
-             + ":", "",
+             + (f" --scales {scales}" if scales else "") + (f" --intervals {intervals}" if intervals else "")
+             + f"` on {machine()}, {minutes:.0f} CPU-minutes"
+             + (f" ({' and '.join(given)} instead of the models' own)" if given
+                else " (the models' own guidance scales)") + ":", "",
              "| attributes | composites | mean joint | worst | median FID ratio | held-out triple joint | its FID ratio |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for arity in (2, 3):
@@ -358,14 +370,16 @@ def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: 
 
 
 def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models: str, ladder: dict[str, int],
-                   scales: str | None = None) -> str:
+                   scales: str | None = None, intervals: str | None = None) -> str:
     """The short section of each model alone: a screen with a given noise ladder or guidance scales, or (with neither)
     the models' own settings at another number of samples than the whole table's."""
     command = " ".join(["python -m benchmarks.faces --models", models, "--only alone",
                         *(f"--{k.replace('_', '-')} {v}" for k, v in ladder.items()),
-                        *([f"--scales {scales}"] if scales else []), f"--n {n} --label {label}"])
+                        *([f"--scales {scales}"] if scales else []),
+                        *([f"--intervals {intervals}"] if intervals else []), f"--n {n} --label {label}"])
     given = ([f"{k.replace('_', ' ')} {v}" for k, v in ladder.items()]
-             + ([f"guidance scales {scales}"] if scales else []))
+             + ([f"guidance scales {scales}"] if scales else [])
+             + ([f"guidance intervals {intervals}"] if intervals else []))
     fid = sorted(r["fid_ratio"] for r in rows)
     title = f"Faces sampler screen ({label})" if given else f"Faces models alone, {n} samples per row ({label})"
     lines = [f"## {title}", "",
@@ -431,17 +445,19 @@ def gap_floor_report(floor: dict[tuple[str, str, int], torch.Tensor], ns: list[i
 
 
 def _write(args, rows: list[dict], samples: dict[str, torch.Tensor], fresh, minutes: float, models: str,
-           scales: str | None, ladder: dict[str, int]) -> None:
+           scales: str | None, ladder: dict[str, int], intervals: str | None = None) -> None:
     """The docs section of a whole table (`report`), of a guidance screen (`screen_report`) or of a sampler screen
     (`sampler_report`), printed too."""
     if args.only == "alone":
-        text = sampler_report(rows, args.label, rows[0]["n"], minutes, models, ladder, scales)
+        text = sampler_report(rows, args.label, rows[0]["n"], minutes, models, ladder, scales, intervals)
         write_section(f"faces-screen-{args.label}", text)
     elif args.only is not None:
-        text = screen_report(rows, args.label, rows[0]["n"], minutes, models, scales)
+        text = screen_report(rows, args.label, rows[0]["n"], minutes, models, scales, intervals)
         write_section(f"faces-screen-{args.label}", text)
     else:
-        text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, models)
+        given = [f" --{k.replace('_', '-')} {v}" for k, v in ladder.items()]
+        given += [f" --scales {scales}"] * bool(scales) + [f" --intervals {intervals}"] * bool(intervals)
+        text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, models, "".join(given))
         write_section(f"faces-{args.label}", text)
     print(text)
 
@@ -455,6 +471,24 @@ def _scales(text: str | None) -> dict[str, float] | None:
         if attribute not in ATTRIBUTES or not value.replace(".", "", 1).isdigit():
             raise SystemExit(f"--scales {text!r}: write ATTRIBUTE=SCALE,... with ATTRIBUTE one of {list(ATTRIBUTES)}")
         out[attribute] = float(value)
+    return out
+
+
+def _intervals(text: str | None) -> dict[str, tuple[float, float]] | None:
+    if text is None:
+        return None
+    out = {}
+    for item in text.split(","):
+        attribute, _, value = item.partition("=")
+        lo, _, hi = value.partition(":")
+        try:
+            interval = check_interval((float(lo), float(hi)))
+        except (ValueError, InvalidInputError):
+            interval = None
+        if attribute not in ATTRIBUTES or interval is None:
+            raise SystemExit(f"--intervals {text!r}: write ATTRIBUTE=LO:HI,... with ATTRIBUTE one of {list(ATTRIBUTES)}"
+                             " and 0 <= LO < HI")
+        out[attribute] = interval
     return out
 
 
@@ -475,6 +509,9 @@ def main() -> None:
     parser.add_argument("--scales", default=None, metavar="ATTRIBUTE=SCALE,...",
                         help="guidance scales that replace the models' own in guided rows (and in the rows of a model"
                              " drawn guided on its own)")
+    parser.add_argument("--intervals", default=None, metavar="ATTRIBUTE=LO:HI,...",
+                        help="guidance intervals (the noise levels a model's guidance scale applies at; 1 at the others)"
+                             " that replace the models' own where --scales would")
     parser.add_argument("--levels", type=int, default=None, help="noise levels that replace the models' own")
     parser.add_argument("--steps", type=int, default=None, help="transitions per level that replace the models' own")
     parser.add_argument("--first-steps", type=int, default=None,
@@ -493,7 +530,7 @@ def main() -> None:
         write_section("faces-gap-floor", text)
         print(text)
         return
-    scales = _scales(args.scales)
+    scales, intervals = _scales(args.scales), _intervals(args.intervals)
     ladder = {k: v for k, v in (("levels", args.levels), ("steps", args.steps), ("first_steps", args.first_steps))
               if v is not None}
     if args.threads:
@@ -513,7 +550,7 @@ def main() -> None:
         if [r["index"] for r in rows] != [j["index"] for j in todo]:
             raise SystemExit(f"the {args.merge} shards hold {len(rows)} of {len(todo)} rows; run every shard first")
         _write(args, rows, samples, fresh, minutes, part["models"], part.get("scales") or args.scales,
-               part.get("ladder") or ladder)
+               part.get("ladder") or ladder, part.get("intervals") or args.intervals)
         return
     index, _, count = args.shard.partition("/")
     shard = (int(index), int(count))
@@ -523,13 +560,13 @@ def main() -> None:
     data_read = classifier.predict(data.images.float() / 255)  # for the gaps' floor
     table, tensors = _paths(args.out, args.label, shard)
     settings = {"models": args.models, "classifier": args.classifier, "n": args.n, "scales": args.scales,
-                "ladder": ladder, "only": args.only}
+                "ladder": ladder, "only": args.only, **({"intervals": args.intervals} if args.intervals else {})}
     rows, samples, before = _resumed(table, tensors, settings) if args.resume else ([], {}, 0.0)
     done = {r["index"] for r in rows}
     for job in todo[shard[0]::shard[1]]:
         if job["index"] in done:
             continue
-        row, first = measure(job, args.models, classifier, data, fresh, args.n, scales, ladder, data_read)
+        row, first = measure(job, args.models, classifier, data, fresh, args.n, scales, ladder, data_read, intervals)
         rows.append(row)
         samples[str(job["index"])] = first.contiguous()
         minutes = before + (time.perf_counter() - start) / 60
@@ -538,7 +575,7 @@ def main() -> None:
     minutes = before + (time.perf_counter() - start) / 60
     _save_shard(table, tensors, rows, samples, minutes, settings)
     if shard[1] == 1:
-        _write(args, rows, samples, fresh, minutes, args.models, args.scales, ladder)
+        _write(args, rows, samples, fresh, minutes, args.models, args.scales, ladder, args.intervals)
 
 
 if __name__ == "__main__":

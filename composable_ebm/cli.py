@@ -539,7 +539,10 @@ def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name o
     if config.get("input_transforms"):
         rows.append(("input transforms", ", ".join(config["input_transforms"])))
     if defaults is not None:
+        interval = defaults.guidance_interval
         rows += [("sampler", defaults.sampler.summary()), ("guidance scale", f"{defaults.guidance_scale:g}"
+                                                            + (f" at noise levels ({interval[0]:g}, {interval[1]:g}],"
+                                                               " 1 elsewhere" if interval else "")
                                                             + (" (alone too)" if defaults.guided_alone else ""))]
         if defaults.alone:
             rows.append(("sampler alone", defaults.alone_sampler().summary()))

@@ -566,18 +566,31 @@ class Guided(_Composite):
     (`composable_ebm.sampling.SamplingDefaults.guidance_scale`, which its card names), so the weights written in
     the expression are relative to it. The energy's value depends only on what the node was built with.
 
+    A term may also have a guidance interval ``(lo, hi)``: its scale applies only at noise levels ``lo < sigma <=
+    hi``, and elsewhere the term counts at scale 1 (its plain conditional, ``w_i (E_i(x | c_i) - E_i(x | 0))``).
+    Guidance at the high noise levels, where a sample's coarse layout is decided, can pull what the condition does
+    not name away from the data's mix under it; an interval of lower levels keeps the condition's pull where the
+    condition's own detail is decided (Kynkäänniemi et al. 2024, "Applying Guidance in a Limited Interval Improves
+    Sample and Distribution Quality in Diffusion Models"). An energy evaluated without a noise level takes every
+    scale whole.
+
     Every term's conditioned and unconditional energies come from one network call
     (`Energy.conditioned_and_null`: a batch of ``2B``, or the shared layers once where the condition enters
     late). Build it with `guided`.
     """
 
     def __init__(self, weights: Sequence[float], terms: Sequence[Conditioned],
-                 scales: Sequence[float] | None = None) -> None:
+                 scales: Sequence[float] | None = None,
+                 intervals: Sequence[tuple[float, float] | None] | None = None) -> None:
         if len(weights) != len(terms) or not terms:
             raise ValueError("Guided needs one weight per term and at least one term")
         scales = [1.0] * len(terms) if scales is None else [float(s) for s in scales]
         if len(scales) != len(terms) or not all(math.isfinite(s) and s > 0 for s in scales):
             raise ValueError(f"Guided needs one finite positive guidance scale per term, got {scales}")
+        intervals = [None] * len(terms) if intervals is None else [check_interval(i) for i in intervals]
+        if len(intervals) != len(terms):
+            raise ValueError(f"Guided needs one guidance interval (or None) per term, got {len(intervals)} for"
+                             f" {len(terms)} terms")
         input_shape, value_range = _check_compatible(terms)
         super().__init__(input_shape, value_range)
         for term in terms:
@@ -589,6 +602,8 @@ class Guided(_Composite):
         self.weights: tuple[float, ...] = tuple(float(w) for w in weights)
         self.scales: tuple[float, ...] = tuple(scales)
         """each term's guidance scale, multiplying its weight"""
+        self.intervals: tuple[tuple[float, float] | None, ...] = tuple(intervals)
+        """each term's guidance interval ``(lo, hi)``: the noise levels its scale applies at (None: every level)"""
         self.terms = nn.ModuleList(terms)
 
     def energy(self, x: Tensor, labels: Labels | None, sigma: Tensor | None = None) -> Tensor:
@@ -600,10 +615,25 @@ class Guided(_Composite):
         """The two halves of `energy`: ``E_0 = mean_i E_i(x | 0)`` and ``sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))``,
         each ``(B,)``."""
         nulls, guidance = [], []
-        for w, (cond, uncond) in zip((s * w for s, w in zip(self.scales, self.weights)), self.term_energies(x, sigma)):
+        for w, (cond, uncond) in zip(self.weighted_scales(sigma), self.term_energies(x, sigma)):
             nulls.append(uncond)
             guidance.append(w * (cond - uncond))
         return torch.stack(nulls).mean(dim=0), torch.stack(guidance).sum(dim=0)
+
+    def weighted_scales(self, sigma: NoiseLevel | None = None) -> list[float | Tensor]:
+        """Each term's weight times its guidance scale at ``sigma``: the scale inside the term's interval, 1 outside
+        it. A number for one level (or none), ``(B,)`` for a tensor of one level per item."""
+        out: list[float | Tensor] = []
+        for w, s, interval in zip(self.weights, self.scales, self.intervals):
+            if interval is None or sigma is None or s == 1.0:
+                out.append(s * w)
+            elif isinstance(sigma, Tensor) and sigma.dim() > 0:  # one level per item: no host sync
+                inside = (sigma.reshape(-1) > interval[0]) & (sigma.reshape(-1) <= interval[1])
+                out.append(w * torch.where(inside, s, 1.0).to(sigma.dtype))
+            else:
+                level = float(sigma)
+                out.append(w * (s if interval[0] < level <= interval[1] else 1.0))
+        return out
 
     def term_energies(self, x: Tensor, sigma: NoiseLevel | None = None) -> list[tuple[Tensor, Tensor]]:
         """Each term's ``(E_i(x | c_i), E_i(x | 0))``, each ``(B,)``, from one network call per term."""
@@ -622,19 +652,35 @@ class Guided(_Composite):
         return self.expression()
 
 
-def guided(energy: Energy, scales: Callable[[Conditioned], float] | None = None) -> Guided:
+def check_interval(interval: Any) -> tuple[float, float] | None:
+    """A guidance interval as ``(lo, hi)`` floats with ``0 <= lo < hi`` (None stays None); anything else is one line
+    naming what is valid."""
+    if interval is None:
+        return None
+    ok = (isinstance(interval, (list, tuple)) and len(interval) == 2
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in interval))
+    if not ok or not 0 <= interval[0] < interval[1]:
+        raise InvalidInputError(f"a guidance interval must be two noise levels [lo, hi] with 0 <= lo < hi, got"
+                                f" {interval!r}")
+    return float(interval[0]), float(interval[1])
+
+
+def guided(energy: Energy, scales: Callable[[Conditioned], float] | None = None,
+           intervals: Callable[[Conditioned], tuple[float, float] | None] | None = None) -> Guided:
     """The guided form of a sum of conditioned models: ``guided(red + circle - 0.5 * square)`` is
     ``E_0 + (E(x|red) - E(x|0)) + (E(x|circle) - E(x|0)) - 0.5 (E(x|square) - E(x|0))``, with ``E_0`` the
     mean of the terms' unconditional energies; see `Guided`.
 
     Takes one conditioned model or a weighted sum of them; anything else (a disjunction, an
     unconditioned model, a model without a trained null condition) is a ``ValueError`` naming it.
-    ``scales`` gives each term's guidance scale (default 1).
+    ``scales`` gives each term's guidance scale (default 1), ``intervals`` each term's guidance interval (default
+    None: every noise level).
     """
     if isinstance(energy, Guided):
         return energy
     weights, terms = (energy.weights, list(energy.terms)) if isinstance(energy, WeightedSum) else ([1.0], [energy])
-    return Guided(weights, terms, None if scales is None else [scales(t) for t in terms])
+    return Guided(weights, terms, None if scales is None else [scales(t) for t in terms],
+                  None if intervals is None else [intervals(t) for t in terms])
 
 
 _SAMPLE: Callable[..., Any] | None = None

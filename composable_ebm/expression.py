@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from composable_ebm.energy import Energy, guided
 from composable_ebm.errors import InvalidInputError, a_type
-from composable_ebm.pipeline import guidance_scale
+from composable_ebm.pipeline import guidance_interval, guidance_scale
 
 MAX_DEPTH = 32
 """Deepest nesting of parentheses (and of ``NUMBER *`` prefixes) an expression may use."""
@@ -261,7 +261,7 @@ def build(node: Node, load: Callable[[str], Energy], text: str = "") -> Energy:
             return result
         inner = visit(n.node)
         try:
-            return guided(inner, guidance_scale)
+            return guided(inner, guidance_scale, guidance_interval)
         except ValueError as err:
             raise InvalidInputError(f"in {quote(text)}: {err}") from err
 

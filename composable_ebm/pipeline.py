@@ -58,6 +58,15 @@ def guidance_scale(term: Energy) -> float:
     return defaults.guidance_scale if defaults is not None else 1.0
 
 
+def guidance_interval(term: Energy) -> tuple[float, float] | None:
+    """The noise levels at which a conditioned model's guidance scale applies: its model's own, None (every level)
+    without defaults."""
+    if not isinstance(term, Conditioned):
+        return None
+    defaults = model_defaults(term.base)
+    return defaults.guidance_interval if defaults is not None else None
+
+
 def has_guided_form(energy: Energy) -> bool:
     """Whether ``form="auto"`` samples ``energy`` in its guided form: a sum of two or more conditioned models that all
     have a trained null condition, or one such model whose defaults say ``guided_alone``."""
@@ -74,7 +83,7 @@ def composed(energy: Energy, form: str = "auto") -> Energy:
         raise InvalidInputError(f"unknown composition form {form!r}; valid choices: {list(FORMS)}")
     if isinstance(energy, Guided) or form == "plain" or (form == "auto" and not has_guided_form(energy)):
         return energy
-    return guided(energy, guidance_scale)
+    return guided(energy, guidance_scale, guidance_interval)
 
 
 def default_settings(energy: Energy) -> SamplingDefaults | None:

@@ -8,8 +8,8 @@ A recipe has four tables::
                  # dataset's settings, and attributes = what the model conditions on
     [trainer]    # TrainerConfig fields, with [trainer.sampler] and [trainer.chain_augment] sub-tables
     [sampling]   # the model's sampling defaults (SamplingDefaults: SamplerConfig fields, guidance_scale,
-                 # guided_alone, augment_preserves), saved with it; [sampling.augment]; [sampling.alone]
-                 # (the fields that change when the model is sampled on its own)
+                 # guidance_interval, guided_alone, augment_preserves), saved with it; [sampling.augment];
+                 # [sampling.alone] (the fields that change when the model is sampled on its own)
 
 A recipe may start from another with ``base = "other.toml"`` (a path relative to the recipe):
 its tables are merged key by key, the recipe's own values winning. Optional tables

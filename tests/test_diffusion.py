@@ -20,6 +20,7 @@ from composable_ebm.nets.unet import DenoisingUNetConfig, DenoisingUNetEnergy
 from composable_ebm.pipeline import plan
 from composable_ebm.sampling import NoiseLadder, SamplerConfig, sample
 from composable_ebm.training import Trainer, TrainerConfig
+from tests.test_energy import randomize
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -243,3 +244,52 @@ def test_the_family_trains_saves_loads_composes_and_samples_through_the_same_com
     assert made.samples.shape == (2, 3, 16, 16) and made.png.is_file()
     summary = studio.sampler_summary(models, f"{folder}[color=red]")
     assert "at each of 3 noise levels" in summary and "x sigma^2" in summary, summary
+
+
+def test_a_guidance_interval_applies_the_scale_only_at_its_noise_levels():
+    """Inside ``(lo, hi]`` a term counts at its guidance scale, outside at 1 (its plain conditional), for one level
+    per batch and one per item alike; without a level every scale is whole."""
+    a, b = randomize(tiny_unet(name="a")), randomize(tiny_unet(name="b"))  # conditions that change the energy
+    x = torch.rand(4, 3, 8, 8)
+    red, green = a.condition(color="red"), b.condition(color="green")
+    node = cebm.Guided([1.0, 1.0], [red, green], scales=[3.0, 2.0], intervals=[(0.0, 0.3), None])
+
+    def expect(sigma, red_scale):
+        null_a, null_b = a(x, sigma=sigma), b(x, sigma=sigma)
+        return (null_a + null_b) / 2 + red_scale * (red(x, sigma=sigma) - null_a) + 2.0 * (green(x, sigma=sigma) - null_b)
+
+    assert torch.allclose(node(x, sigma=0.3), expect(0.3, 3.0), atol=1e-4)  # hi is inside
+    assert torch.allclose(node(x, sigma=0.6), expect(0.6, 1.0), atol=1e-4)
+    assert not torch.allclose(expect(0.6, 1.0), expect(0.6, 3.0), atol=1e-3)  # the scale matters at that level
+    per_item = torch.tensor([0.05, 0.3, 0.31, 1.0])
+    want = torch.where(per_item <= 0.3, expect(per_item, 3.0), expect(per_item, 1.0))
+    assert torch.allclose(node(x, sigma=per_item), want, atol=1e-4)
+    whole = cebm.Guided([1.0, 1.0], [red, green], scales=[3.0, 2.0])
+    assert torch.allclose(node(x), whole(x), atol=1e-5)
+    for bad in ((0.3, 0.1), (-0.1, 0.2), (0.0, float("inf")), (0.1,), "0.1,0.3", (True, 0.3)):
+        with pytest.raises(InvalidInputError, match="guidance interval must be two noise levels"):
+            cebm.Guided([1.0], [red], scales=[3.0], intervals=[bad])
+
+
+def test_a_models_guidance_interval_is_saved_with_it_and_reaches_its_guided_term(tmp_path):
+    """``[sampling] guidance_interval`` goes through config.json, `cebm info` shows it, and the pipeline builds the
+    model's guided term with it; a bad one is one line naming what is valid."""
+    from composable_ebm.pipeline import composed
+    from composable_ebm.sampling import SamplingDefaults
+
+    defaults = SamplingDefaults(SamplerConfig(steps=2), guidance_scale=3.0, guidance_interval=[0.0, 0.3],
+                                guided_alone=True)
+    assert defaults.guidance_interval == (0.0, 0.3)
+    flat = json.loads(json.dumps(defaults.to_flat()))
+    assert flat["guidance_interval"] == [0.0, 0.3] and SamplingDefaults.from_flat(flat) == defaults
+    assert "guidance_interval" not in SamplingDefaults(SamplerConfig(steps=2)).to_flat()
+    with pytest.raises(InvalidInputError, match=r"guidance interval must be two noise levels \[lo, hi\]"):
+        SamplingDefaults.from_flat({**flat, "guidance_interval": [0.5, 0.2]})
+    model = tiny_unet()
+    model.sampling_defaults = defaults
+    node = composed(model.condition(color="red"))
+    assert isinstance(node, cebm.Guided) and node.scales == (3.0,) and node.intervals == ((0.0, 0.3),)
+    cebm.save(model, tmp_path / "m")
+    assert cebm.load(str(tmp_path / "m")).sampling_defaults.guidance_interval == (0.0, 0.3)
+    shown = runner.invoke(app, ["info", str(tmp_path / "m")])
+    assert shown.exit_code == 0 and "3 at noise levels (0, 0.3], 1 elsewhere (alone too)" in shown.output

@@ -308,3 +308,13 @@ def test_the_faces_realism_floor_takes_whole_sets_of_the_samples_as_the_fresh_re
     assert floor_sets(pool[:200], 256).shape[0] == 0
     with pytest.raises(ValueError, match="whole multiple of the 256 samples in real images, got 0"):
         realism(torch.rand(256, 3, 4, 4), floor_sets(pool[:200], 256), pool[:300], lambda x: x.flatten(1))
+
+
+def test_the_faces_tables_guidance_intervals_parse_or_are_refused_in_one_line():
+    from benchmarks.faces import _intervals
+
+    assert _intervals(None) is None
+    assert _intervals("smiling=0:0.3,hair=0.1:0.6") == {"smiling": (0.0, 0.3), "hair": (0.1, 0.6)}
+    for bad in ("smiling=0.3:0.1", "beard=0:0.3", "smiling=0.3", "smiling=a:b"):
+        with pytest.raises(SystemExit, match="write ATTRIBUTE=LO:HI"):
+            _intervals(bad)

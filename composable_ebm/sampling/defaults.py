@@ -5,7 +5,7 @@ knows about its place in a composite: its guidance scale and which of its attrib
 unchanged. The pipeline (`composable_ebm.pipeline`) reads it; no energy carries it.
 
 On disk (``config.json``'s ``"sampler"`` key) and in a recipe's ``[sampling]`` table it is one flat table: the
-`SamplerConfig` fields with ``guidance_scale``, ``guided_alone``, ``augment_preserves`` and ``alone`` beside them.
+`SamplerConfig` fields with ``guidance_scale``, ``guidance_interval``, ``guided_alone``, ``augment_preserves`` and ``alone`` beside them.
 ``alone`` (``[sampling.alone]`` in a recipe) is a table of `SamplerConfig` fields that replace the chain settings
 when the model is sampled on its own.
 """
@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from composable_ebm.configs import check_range, config_from_dict, config_to_dict
+from composable_ebm.energy import check_interval
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling.runner import with_overrides
 from composable_ebm.sampling.transitions import SamplerConfig
 
-_OWN = ("guidance_scale", "augment_preserves", "guided_alone", "alone")
+_OWN = ("guidance_scale", "guidance_interval", "augment_preserves", "guided_alone", "alone")
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,15 @@ class SamplingDefaults:
     condition of it, in either form; `alone_sampler`), e.g. a longer first noise level; a composite that holds the
     model runs ``sampler``. A field that is a table (``ladder``) takes the fields given over ``sampler``'s. None:
     ``sampler`` alone too"""
+    guidance_interval: tuple[float, float] | None = None
+    """the noise levels ``(lo, hi]`` at which `guidance_scale` applies (a noise-conditioned model); at the others the
+    model's term counts at scale 1, its plain conditional (`composable_ebm.energy.Guided`). None: every level"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.sampler, SamplerConfig):
             raise InvalidInputError(f"SamplingDefaults.sampler must be a SamplerConfig, got {type(self.sampler).__name__}")
         check_range("SamplingDefaults", "guidance_scale", self.guidance_scale, 0.0, 100.0, low_open=True)
+        object.__setattr__(self, "guidance_interval", check_interval(self.guidance_interval))
         if not isinstance(self.guided_alone, bool):
             raise InvalidInputError(f"guided_alone must be true or false, got {self.guided_alone!r}")
         if self.alone is not None:
@@ -67,7 +72,8 @@ class SamplingDefaults:
 
     def __hash__(self) -> int:  # `alone` is a table (a dict): hashed by its JSON text
         alone = json.dumps(self.alone, sort_keys=True) if self.alone else None
-        return hash((self.sampler, self.guidance_scale, self.augment_preserves, self.guided_alone, alone))
+        return hash((self.sampler, self.guidance_scale, self.guidance_interval, self.augment_preserves,
+                     self.guided_alone, alone))
 
     def alone_sampler(self) -> SamplerConfig:
         """The chain settings of the model sampled on its own: ``sampler`` with `alone`'s fields."""
@@ -81,6 +87,7 @@ class SamplingDefaults:
     def to_flat(self) -> dict[str, Any]:
         """The flat table of ``config.json`` and recipes: the sampler's fields, then this record's own."""
         return {**config_to_dict(self.sampler), "guidance_scale": self.guidance_scale,
+                **({"guidance_interval": list(self.guidance_interval)} if self.guidance_interval else {}),
                 "augment_preserves": list(self.augment_preserves) if self.augment_preserves is not None else None,
                 **({"guided_alone": True} if self.guided_alone else {}),
                 **({"alone": dict(self.alone)} if self.alone else {})}
@@ -96,7 +103,7 @@ class SamplingDefaults:
         if isinstance(guidance, bool) or not isinstance(guidance, (int, float)):
             raise InvalidInputError(f"guidance_scale must be a number, got {guidance!r}")
         return cls(sampler, float(guidance), own.get("augment_preserves"), own.get("guided_alone", False),
-                   own.get("alone"))
+                   own.get("alone"), own.get("guidance_interval"))
 
     def replace(self, **changes: Any) -> SamplingDefaults:
         """A copy with ``changes`` applied: this record's fields, or any `SamplerConfig` field."""
