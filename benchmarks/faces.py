@@ -73,7 +73,8 @@ from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid
 from composable_ebm.atomic import write_atomic
 from composable_ebm.data import FACES_ATTRIBUTES, combination_mask, faces
-from composable_ebm.energy import Guided, check_interval
+from composable_ebm.configs import check_interval
+from composable_ebm.energy import Guided
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.evaluation.conditional import max_deviation, value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism

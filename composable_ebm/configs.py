@@ -217,3 +217,16 @@ def check_range(owner: str, name: str, value: float, low: float | None = None, h
         lo = "(-inf" if low is None else ("(" if low_open else "[") + f"{low:g}"
         hi = "inf)" if high is None else f"{high:g}" + (")" if high_open else "]")
         raise InvalidInputError(f"{owner}.{name} must be a finite number in {lo}, {hi}, got {value!r}")
+
+
+def check_interval(interval: Any) -> tuple[float, float] | None:
+    """A guidance interval as ``(lo, hi)`` floats with ``0 <= lo < hi`` (None stays None); anything else is one line
+    naming what is valid."""
+    if interval is None:
+        return None
+    ok = (isinstance(interval, (list, tuple)) and len(interval) == 2
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in interval))
+    if not ok or not 0 <= interval[0] < interval[1]:
+        raise InvalidInputError(f"a guidance interval must be two noise levels [lo, hi] with 0 <= lo < hi, got"
+                                f" {interval!r}")
+    return float(interval[0]), float(interval[1])

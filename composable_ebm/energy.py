@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from composable_ebm.configs import check_interval
 from composable_ebm.errors import InvalidInputError
 
 Labels = Mapping[str, Tensor]
@@ -650,19 +651,6 @@ class Guided(_Composite):
 
     def __repr__(self) -> str:
         return self.expression()
-
-
-def check_interval(interval: Any) -> tuple[float, float] | None:
-    """A guidance interval as ``(lo, hi)`` floats with ``0 <= lo < hi`` (None stays None); anything else is one line
-    naming what is valid."""
-    if interval is None:
-        return None
-    ok = (isinstance(interval, (list, tuple)) and len(interval) == 2
-          and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in interval))
-    if not ok or not 0 <= interval[0] < interval[1]:
-        raise InvalidInputError(f"a guidance interval must be two noise levels [lo, hi] with 0 <= lo < hi, got"
-                                f" {interval!r}")
-    return float(interval[0]), float(interval[1])
 
 
 def guided(energy: Energy, scales: Callable[[Conditioned], float] | None = None,

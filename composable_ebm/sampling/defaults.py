@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from composable_ebm.configs import check_range, config_from_dict, config_to_dict
-from composable_ebm.energy import check_interval
+from composable_ebm.configs import check_interval, check_range, config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling.runner import with_overrides
 from composable_ebm.sampling.transitions import SamplerConfig
