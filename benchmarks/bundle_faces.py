@@ -14,6 +14,11 @@ are its recipe's as they stand (``recipes/faces-<attribute>.toml``, its guidance
 table exists they say nothing measured, so bundle, measure, then bundle again. Writes each card into
 ``model_cards/`` and into the model's folder (tests/test_bundled.py checks that they agree); ``python -m
 benchmarks.bundle --sync-cards`` refreshes their recipe and config blocks after an edit.
+
+    python -m benchmarks.bundle_faces --cards-only --table bundled
+
+keeps the bundled weights and classifier and writes the four models' cards again: their training facts read from
+the old cards, their settings from the recipes as they stand, their quality from the table.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -138,6 +144,45 @@ def bundle_classifier(source: Path) -> None:
     print(f"bundled {CLASSIFIER}: " + ", ".join(f"{a} {v:.3f}" for a, v in accuracy.items()))
 
 
+def _trained_from_runs(name: str, chain: list[Stage]) -> tuple[int, str, list[str]]:
+    """A model's iterations, its sentence on how it trained and its commands to reproduce, from its runs."""
+    steps = sum(stage.steps for stage in chain)
+    if len(chain) > 1:
+        words = {2: "two", 3: "three", 4: "four"}
+        trained = (f"Trained in {words.get(len(chain), len(chain))} stages: {chain[0].describe()} (`cebm train`)"
+                   + "".join(f", then {stage.describe()} from those weights" for stage in chain[1:])
+                   + " (`cebm train --init`, a fresh optimiser" + (" each time)." if len(chain) > 2 else ")."))
+    else:
+        trained = f"Trained for {chain[0].describe()}."
+    outs = [f"runs/{name}-stage{k + 1}" for k in range(len(chain) - 1)] + [f"runs/{name}"]
+    reproduce = [stage.command(name, out, f"{outs[k - 1]}/model" if k else None)
+                 for k, (stage, out) in enumerate(zip(chain, outs))]
+    return steps, trained, reproduce
+
+
+def _trained_from_card(card: str) -> tuple[int, str, list[str]]:
+    """The same three, read back from a card this script wrote (`--cards-only`: the runs are gone)."""
+    steps = re.search(r"^Trained for (\d+) iterations with ", card, re.M)
+    trained = re.search(r"^(Trained (?:in|for) .*?) Small, briefly trained models:", card, re.M)
+    reproduce = re.search(r"## Reproduce\n\n```bash\n(.*?)\n```", card, re.S)
+    if not (steps and trained and reproduce):
+        raise SystemExit("--cards-only: the card has no training facts to keep (its iterations, how it trained, its"
+                         " Reproduce block); bundle from the runs with --run instead")
+    return int(steps.group(1)), trained.group(1), reproduce.group(1).splitlines()
+
+
+def _guidance(sampling) -> str:
+    """The card's sentence on the model's guidance settings (`SamplingDefaults`)."""
+    scale = sampling.guidance_scale
+    interval = sampling.guidance_interval
+    where = (f", at noise levels {interval[0]:g} < sigma <= {interval[1]:g} only (`guidance_interval`; 1 at the"
+             " others)" if interval is not None else "")
+    return (f"Its guidance scale is {scale:g} (`[sampling] guidance_scale`){where}: in a guided composite its term"
+            f" pulls {scale:g} times as hard as the weight written in the expression"
+            + (", and on its own it is sampled guided too (`guided_alone`: classifier-free guidance at that scale)."
+               if sampling.guided_alone else "."))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="append", default=[], metavar="ATTRIBUTE=RUN@DEVICE[@PRECISION[@SETTINGS]]",
@@ -147,43 +192,37 @@ def main() -> None:
                              " for several, first one first")
     parser.add_argument("--table", default="bundled", help="the --label of the benchmarks.faces run that measured them")
     parser.add_argument("--classifier", type=Path, default=ROOT / "runs" / "faces-classifier")
+    parser.add_argument("--cards-only", action="store_true",
+                        help="keep the bundled weights and classifier; write their cards again (the training facts"
+                             " read from the old cards, the settings from the recipes, the quality from --table)")
     args = parser.parse_args()
     runs, stages = _stages(args.run, "--run"), _stages(args.stage, "--stage")
-    if set(runs) != set(ATTRIBUTES) or any(len(r) != 1 for r in runs.values()):
+    if args.cards_only and (runs or stages):
+        raise SystemExit("--cards-only keeps the bundled weights: give no --run or --stage with it")
+    if not args.cards_only and (set(runs) != set(ATTRIBUTES) or any(len(r) != 1 for r in runs.values())):
         raise SystemExit(f"give one --run for each of {list(ATTRIBUTES)}")
     rows = _table(args.table)
-    bundle_classifier(args.classifier)
+    if not args.cards_only:
+        bundle_classifier(args.classifier)
     for attribute in ATTRIBUTES:
         name = f"faces-{attribute}"
-        final = runs[attribute][0]
-        model = load_model(final.run / "model")
+        if args.cards_only:
+            model = load_model(BUNDLED_DIR / name)
+            steps, trained, reproduce = _trained_from_card((CARDS_DIR / f"{name}.md").read_text())
+        else:
+            model = load_model(runs[attribute][0].run / "model")
+            steps, trained, reproduce = _trained_from_runs(name, [*stages.get(attribute, []), runs[attribute][0]])
         recipe = ROOT / "recipes" / f"{name}.toml"
         spec = load_recipe(recipe)
         model.sampling_defaults = spec.sampling  # the recipe's [sampling] as it stands (its guidance scale)
-        scale = spec.sampling.guidance_scale
-        chain = [*stages.get(attribute, []), final]
-        steps = sum(stage.steps for stage in chain)
-        if len(chain) > 1:
-            words = {2: "two", 3: "three", 4: "four"}
-            trained = (f"Trained in {words.get(len(chain), len(chain))} stages: {chain[0].describe()} (`cebm train`)"
-                       + "".join(f", then {stage.describe()} from those weights" for stage in chain[1:])
-                       + " (`cebm train --init`, a fresh optimiser" + (" each time)." if len(chain) > 2 else ")."))
-        else:
-            trained = f"Trained for {final.describe()}."
-        outs = [f"runs/{name}-stage{k + 1}" for k in range(len(chain) - 1)] + [f"runs/{name}"]
-        reproduce = [stage.command(name, out, f"{outs[k - 1]}/model" if k else None)
-                     for k, (stage, out) in enumerate(zip(chain, outs))]
         values = ", ".join(FACES_ATTRIBUTES[attribute])
         notes = "\n".join([
             "## Data and limitations", "",
             f"Trained on the faces dataset (`cebm data faces`: {GENERATOR}), 16x16, 20,000 renders with every smiling"
             f" face that wears glasses and a hat held out; conditioned on `{attribute}` ({values}). A noise-conditioned"
             " energy (docs/diffusion.md): sampled down a ladder of noise levels. Label dropout trained its"
-            " unconditional energy, so sums with the other faces models sample in the guided form by default."
-            f" Its guidance scale is {scale:g} (`[sampling] guidance_scale`): in a guided composite its term pulls"
-            f" {scale:g} times as hard as the weight written in the expression"
-            + (", and on its own it is sampled guided too (`guided_alone`: classifier-free guidance at that scale)."
-               if spec.sampling.guided_alone else "."), "",
+            " unconditional energy, so sums with the other faces models sample in the guided form by default. "
+            + _guidance(spec.sampling), "",
             trained + " Small, briefly trained models: check the accuracies below before relying on a combination.",
             "", "## Reproduce", "", "```bash", *reproduce, "```", "",
             *_quality(attribute, rows, CLASSIFIER),
@@ -196,7 +235,6 @@ def main() -> None:
         (CARDS_DIR / f"{name}.md").write_text(card)
         save_model(model, BUNDLED_DIR / name, card=card)
         print(f"bundled {name}")
-
 
 if __name__ == "__main__":
     main()

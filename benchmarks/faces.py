@@ -349,13 +349,24 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
     return "\n".join(lines)
 
 
+def given_settings(ladder: dict[str, int] | None = None, scales: str | None = None,
+                   intervals: str | None = None) -> tuple[str, list[str]]:
+    """The settings a run was given beyond the models' own: as the command line's flags (each after a space) and in
+    words, one phrase each."""
+    ladder = ladder or {}
+    flags = ([f" --{k.replace('_', '-')} {v}" for k, v in ladder.items()]
+             + [f" --scales {scales}"] * bool(scales) + [f" --intervals {intervals}"] * bool(intervals))
+    words = ([f"{k.replace('_', ' ')} {v}" for k, v in ladder.items()]
+             + [f"guidance scales {scales}"] * bool(scales) + [f"guidance intervals {intervals}"] * bool(intervals))
+    return "".join(flags), words
+
+
 def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: str, scales: str | None,
-                  intervals: str | None = None) -> str:
+                  intervals: str | None = None, ladder: dict[str, int] | None = None) -> str:
     """The short section of a screen over the guided conjunctions."""
-    given = [f"guidance scales {scales}"] * bool(scales) + [f"guidance intervals {intervals}"] * bool(intervals)
+    flags, given = given_settings(ladder, scales, intervals)
     lines = [f"## Faces guidance screen ({label})", "",
-             f"`python -m benchmarks.faces --models {models} --only guided --n {n} --label {label}"
-             + (f" --scales {scales}" if scales else "") + (f" --intervals {intervals}" if intervals else "")
+             f"`python -m benchmarks.faces --models {models} --only guided{flags} --n {n} --label {label}"
              + f"` on {machine()}, {minutes:.0f} CPU-minutes"
              + (f" ({' and '.join(given)} instead of the models' own)" if given
                 else " (the models' own guidance scales)") + ":", "",
@@ -374,13 +385,8 @@ def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models:
                    scales: str | None = None, intervals: str | None = None) -> str:
     """The short section of each model alone: a screen with a given noise ladder or guidance scales, or (with neither)
     the models' own settings at another number of samples than the whole table's."""
-    command = " ".join(["python -m benchmarks.faces --models", models, "--only alone",
-                        *(f"--{k.replace('_', '-')} {v}" for k, v in ladder.items()),
-                        *([f"--scales {scales}"] if scales else []),
-                        *([f"--intervals {intervals}"] if intervals else []), f"--n {n} --label {label}"])
-    given = ([f"{k.replace('_', ' ')} {v}" for k, v in ladder.items()]
-             + ([f"guidance scales {scales}"] if scales else [])
-             + ([f"guidance intervals {intervals}"] if intervals else []))
+    flags, given = given_settings(ladder, scales, intervals)
+    command = f"python -m benchmarks.faces --models {models} --only alone{flags} --n {n} --label {label}"
     fid = sorted(r["fid_ratio"] for r in rows)
     title = f"Faces sampler screen ({label})" if given else f"Faces models alone, {n} samples per row ({label})"
     lines = [f"## {title}", "",
@@ -453,12 +459,11 @@ def _write(args, rows: list[dict], samples: dict[str, torch.Tensor], fresh, minu
         text = sampler_report(rows, args.label, rows[0]["n"], minutes, models, ladder, scales, intervals)
         write_section(f"faces-screen-{args.label}", text)
     elif args.only is not None:
-        text = screen_report(rows, args.label, rows[0]["n"], minutes, models, scales, intervals)
+        text = screen_report(rows, args.label, rows[0]["n"], minutes, models, scales, intervals, ladder)
         write_section(f"faces-screen-{args.label}", text)
     else:
-        given = [f" --{k.replace('_', '-')} {v}" for k, v in ladder.items()]
-        given += [f" --scales {scales}"] * bool(scales) + [f" --intervals {intervals}"] * bool(intervals)
-        text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, models, "".join(given))
+        text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, models,
+                      given_settings(ladder, scales, intervals)[0])
         write_section(f"faces-{args.label}", text)
     print(text)
 

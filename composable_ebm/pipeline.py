@@ -49,21 +49,23 @@ def model_defaults(energy: Energy) -> SamplingDefaults | None:
     return defaults if isinstance(defaults, SamplingDefaults) else None
 
 
+def _term_defaults(term: Energy) -> SamplingDefaults | None:
+    """The sampling defaults of a conditioned model's term: its model's own, None without (or for a term that is no
+    conditioned model)."""
+    return model_defaults(term.base) if isinstance(term, Conditioned) else None
+
+
 def guidance_scale(term: Energy) -> float:
     """The guidance scale of a conditioned model's term: its model's own, 1 without defaults (or for a term that is
     no conditioned model, which `Guided` then refuses by name)."""
-    if not isinstance(term, Conditioned):
-        return 1.0
-    defaults = model_defaults(term.base)
+    defaults = _term_defaults(term)
     return defaults.guidance_scale if defaults is not None else 1.0
 
 
 def guidance_interval(term: Energy) -> tuple[float, float] | None:
     """The noise levels at which a conditioned model's guidance scale applies: its model's own, None (every level)
     without defaults."""
-    if not isinstance(term, Conditioned):
-        return None
-    defaults = model_defaults(term.base)
+    defaults = _term_defaults(term)
     return defaults.guidance_interval if defaults is not None else None
 
 

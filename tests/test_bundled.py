@@ -143,3 +143,18 @@ def test_bundled_faces_models_sample_with_their_recipes_settings(name):
         assert len(alone) == 1 and recipe.sampling.alone_sampler().summary() in alone[0], info.output
     else:
         assert not alone, info.output
+
+
+@pytest.mark.parametrize("name", sorted(n for n in ATTRIBUTE_MODELS if n.startswith("faces-")))
+def test_each_faces_card_states_its_models_guidance_and_keeps_its_training_facts_for_a_rewrite(name):
+    """A faces card says the guidance settings its model samples with, and `benchmarks.bundle_faces --cards-only`
+    (which rewrites the cards once the training runs are gone) reads the card's training facts back."""
+    from benchmarks.bundle_faces import _guidance, _trained_from_card
+
+    card = (Path(__file__).resolve().parents[1] / "model_cards" / f"{name}.md").read_text()
+    assert _guidance(cebm.load(name).sampling_defaults) in card
+    steps, trained, reproduce = _trained_from_card(card)
+    assert f"Trained for {steps} iterations" in card and f"{trained} Small, briefly trained models" in card
+    assert reproduce and all(line.startswith(f"cebm train recipes/{name}.toml --out runs/") for line in reproduce)
+    with pytest.raises(SystemExit, match="no training facts"):
+        _trained_from_card(card.replace("## Reproduce", "## Usage"))

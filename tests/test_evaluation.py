@@ -318,3 +318,22 @@ def test_the_faces_tables_guidance_intervals_parse_or_are_refused_in_one_line():
     for bad in ("smiling=0.3:0.1", "beard=0:0.3", "smiling=0.3", "smiling=a:b"):
         with pytest.raises(SystemExit, match="write ATTRIBUTE=LO:HI"):
             _intervals(bad)
+
+
+def test_every_faces_report_names_the_settings_its_run_was_given_in_its_command():
+    from benchmarks.faces import given_settings, sampler_report, screen_report
+
+    assert given_settings() == ("", [])
+    flags, words = given_settings({"levels": 30, "first_steps": 0}, "smiling=2", "smiling=0:0.3")
+    assert flags == " --levels 30 --first-steps 0 --scales smiling=2 --intervals smiling=0:0.3"
+    assert words == ["levels 30", "first steps 0", "guidance scales smiling=2", "guidance intervals smiling=0:0.3"]
+    guided = [{"kind": "conjunction", "arity": a, "held_out": False, "joint": 1.0, "fid_ratio": 2.0} for a in (2, 3)]
+    alone = [{"kind": "alone", "expression": "faces-hat[hat=yes]", "want": {"hat": ["yes"]}, "joint": 1.0,
+              "fid_ratio": 2.0, "hf_ratio": 1.0, "gaps": {"smiling": 0.1}, "gaps_training": {"smiling": 0.1}}]
+    for text in (screen_report(guided, "x", 8, 1.0, "bundled", "smiling=2", "smiling=0:0.3",
+                               {"levels": 30, "first_steps": 0}),
+                 sampler_report(alone, "x", 8, 1.0, "bundled", {"levels": 30, "first_steps": 0}, "smiling=2",
+                                "smiling=0:0.3")):
+        command = text.split("`")[1]
+        assert flags in command and command.endswith("--n 8 --label x")
+        assert "levels 30, first steps 0" in text or "levels 30 and first steps 0" in text

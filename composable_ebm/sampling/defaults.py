@@ -5,7 +5,8 @@ knows about its place in a composite: its guidance scale and which of its attrib
 unchanged. The pipeline (`composable_ebm.pipeline`) reads it; no energy carries it.
 
 On disk (``config.json``'s ``"sampler"`` key) and in a recipe's ``[sampling]`` table it is one flat table: the
-`SamplerConfig` fields with ``guidance_scale``, ``guidance_interval``, ``guided_alone``, ``augment_preserves`` and ``alone`` beside them.
+`SamplerConfig` fields with ``guidance_scale``, ``guidance_interval``, ``guided_alone``, ``augment_preserves`` and
+``alone`` beside them.
 ``alone`` (``[sampling.alone]`` in a recipe) is a table of `SamplerConfig` fields that replace the chain settings
 when the model is sampled on its own.
 """
