@@ -37,6 +37,7 @@ from composable_ebm.data.faces import GENERATOR
 from composable_ebm.model_cards import model_card, recipe_text
 from composable_ebm.persistence import BUNDLED_DIR, load_model, save_model
 from composable_ebm.recipes import load_recipe, parse_setting
+from composable_ebm.sampling import SamplingDefaults
 from composable_ebm.sampling.transitions import PRECISIONS
 from composable_ebm.training import read_log
 
@@ -171,7 +172,7 @@ def _trained_from_card(card: str) -> tuple[int, str, list[str]]:
     return int(steps.group(1)), trained.group(1), reproduce.group(1).splitlines()
 
 
-def _guidance(sampling) -> str:
+def _guidance(sampling: SamplingDefaults) -> str:
     """The card's sentence on the model's guidance settings (`SamplingDefaults`)."""
     scale = sampling.guidance_scale
     interval = sampling.guidance_interval
@@ -235,6 +236,7 @@ def main() -> None:
         (CARDS_DIR / f"{name}.md").write_text(card)
         save_model(model, BUNDLED_DIR / name, card=card)
         print(f"bundled {name}")
+
 
 if __name__ == "__main__":
     main()
