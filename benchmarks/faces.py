@@ -48,6 +48,12 @@ many whole sets of fresh renders as there are, at most 4)::
 
     python -m benchmarks.faces --only alone --n 256 --label n256
 
+The FID ratio of a row moves with its seed: ``--repeats R`` (with ``--only alone``) draws each model alone R times,
+the first from the row's own seed (the numbers of a run without it) and the others from that seed plus
+1000, 2000, ..., and gives each row's mean and range over them::
+
+    python -m benchmarks.faces --only alone --repeats 4 --label seeds4
+
 The gaps' floor: what an exact sampler of the training split would read as the largest gap of each alone row, at
 ``N`` samples per row (``N`` of the training renders of that value drawn at random, read by the classifier, many
 times), so that a measured gap can be told from the noise of its ``--n`` samples::
@@ -247,21 +253,53 @@ def _median_p95(values: torch.Tensor) -> str:
     return f"{float(values.median()):.2f} / {float(values.quantile(0.95)):.2f}"
 
 
+REPEAT_SEED_STRIDE = 1000  # --repeats: the k-th draw of a row is from its seed plus k times this
+
+
+def _repeats(rows: list[dict]) -> int:
+    """How many draws every row has its FID ratio over (`--repeats`); 1 where a row has one only."""
+    return min(len(r.get("fid_ratio_repeats", [None])) for r in rows)
+
+
+def _mean_range(values: list[float]) -> str:
+    return f"{_mean(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
 def alone_table(rows: list[dict], model_column: bool = True) -> list[str]:
     """The table of each model alone: a line per value (a model card's table has no model column); where every row
-    has its gap's floor (`row_gap_floor`), a column gives its median and 95th percentile."""
+    has its gap's floor (`row_gap_floor`), a column gives its median and 95th percentile, and where every row was
+    drawn several times (`--repeats`), one its FID ratio's mean and range over the draws."""
     head = "| model " if model_column else ""
     floors = all("gap_floor" in r for r in rows)
-    lines = [f"{head}| value | accuracy | FID ratio | HF ratio | largest gap (other attributes) to every render |"
+    repeats = _repeats(rows)
+    lines = [f"{head}| value | accuracy | FID ratio |"
+             + (f" FID ratio over {repeats} seeds: mean (range) |" if repeats > 1 else "")
+             + " HF ratio | largest gap (other attributes) to every render |"
              " to the training split |" + (" an exact sampler's (median / 95th percentile) |" if floors else ""),
-             "| --- " * (6 + model_column + floors) + "|"]
+             "| --- " * (6 + model_column + floors + (repeats > 1)) + "|"]
     for r in rows:
         (a, (v,)), = r["want"].items()
         gaps = [max(r[key].items(), key=lambda item: item[1]) for key in ("gaps", "gaps_training")]
         lines.append((f"| faces-{a} " if model_column else "") + f"| {v} | {r['joint']:.3f} | {r['fid_ratio']:.1f} |"
-                     f" {r['hf_ratio']:.2f} |" + "".join(f" {b} {gap:.2f} |" for b, gap in gaps)
+                     + (f" {_mean_range(r['fid_ratio_repeats'][:repeats])} |" if repeats > 1 else "")
+                     + f" {r['hf_ratio']:.2f} |" + "".join(f" {b} {gap:.2f} |" for b, gap in gaps)
                      + (f" {_median_p95(torch.tensor(r['gap_floor']))} |" if floors else ""))
     return lines
+
+
+def repeats_sentence(rows: list[dict]) -> str:
+    """Where every row was drawn several times (`--repeats`): the rows' mean FID ratios over the draws, median and
+    worst, and the worst row's range, as a sentence (empty otherwise)."""
+    repeats = _repeats(rows)
+    if repeats < 2:
+        return ""
+    means = sorted(((_mean(r["fid_ratio_repeats"][:repeats]), r) for r in rows), key=lambda item: item[0])
+    worst, row = means[-1]
+    (a, (v,)), = row["want"].items()
+    draws = row["fid_ratio_repeats"][:repeats]
+    return (f" Over {repeats} seeds per row (the row's own, then plus {REPEAT_SEED_STRIDE}, {2 * REPEAT_SEED_STRIDE},"
+            f" ...), the rows' mean FID ratio: median {statistics.median(m for m, _ in means):.1f}, worst {worst:.1f}"
+            f" (`{a}={v}`, which reads {min(draws):.1f}-{max(draws):.1f} across them).")
 
 
 def largest_gaps(rows: list[dict]) -> str:
@@ -386,7 +424,9 @@ def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models:
     """The short section of each model alone: a screen with a given noise ladder or guidance scales, or (with neither)
     the models' own settings at another number of samples than the whole table's."""
     flags, given = given_settings(ladder, scales, intervals)
-    command = f"python -m benchmarks.faces --models {models} --only alone{flags} --n {n} --label {label}"
+    repeats = _repeats(rows)
+    command = (f"python -m benchmarks.faces --models {models} --only alone{flags}"
+               + (f" --repeats {repeats}" if repeats > 1 else "") + f" --n {n} --label {label}")
     fid = sorted(r["fid_ratio"] for r in rows)
     title = f"Faces sampler screen ({label})" if given else f"Faces models alone, {n} samples per row ({label})"
     lines = [f"## {title}", "",
@@ -394,7 +434,7 @@ def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models:
              + (", ".join(given) + " instead of the models' own" if given else "the models' own settings")
              + f"): median FID ratio **{statistics.median(fid):.1f}** (worst"
              f" {fid[-1]:.1f}); accuracy mean {_mean([r['joint'] for r in rows]):.3f} (worst"
-             f" {min(r['joint'] for r in rows):.3f}); {largest_gaps(rows)}.", "",
+             f" {min(r['joint'] for r in rows):.3f}); {largest_gaps(rows)}." + repeats_sentence(rows), "",
              *alone_table(rows)]
     return "\n".join(lines)
 
@@ -522,6 +562,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="transitions per level that replace the models' own")
     parser.add_argument("--first-steps", type=int, default=None,
                         help="transitions at the first level before the descent that replace the models' own")
+    parser.add_argument("--repeats", type=int, default=1, metavar="R",
+                        help="with --only alone: draw each row R times (its seed, then plus 1000, 2000, ...) and give"
+                             " its FID ratio's mean and range")
     parser.add_argument("--gap-floor", type=int, nargs="+", default=None, metavar="N",
                         help="instead of sampling: the largest gap an exact sampler of the training split reads at N"
                              " samples per row (section faces-gap-floor)")
@@ -536,6 +579,8 @@ def main() -> None:
         write_section("faces-gap-floor", text)
         print(text)
         return
+    if args.repeats < 1 or (args.repeats > 1 and args.only != "alone"):
+        raise SystemExit(f"--repeats {args.repeats}: give a whole number >= 1, and more than 1 only with --only alone")
     scales, intervals = _scales(args.scales), _intervals(args.intervals)
     ladder = {k: v for k, v in (("levels", args.levels), ("steps", args.steps), ("first_steps", args.first_steps))
               if v is not None}
@@ -566,13 +611,18 @@ def main() -> None:
     data_read = classifier.predict(data.images.float() / 255)  # for the gaps' floor
     table, tensors = _paths(args.out, args.label, shard)
     settings = {"models": args.models, "classifier": args.classifier, "n": args.n, "scales": args.scales,
-                "ladder": ladder, "only": args.only, **({"intervals": args.intervals} if args.intervals else {})}
+                "ladder": ladder, "only": args.only, **({"intervals": args.intervals} if args.intervals else {}),
+                **({"repeats": args.repeats} if args.repeats > 1 else {})}
     rows, samples, before = _resumed(table, tensors, settings) if args.resume else ([], {}, 0.0)
     done = {r["index"] for r in rows}
     for job in todo[shard[0]::shard[1]]:
         if job["index"] in done:
             continue
         row, first = measure(job, args.models, classifier, data, fresh, args.n, scales, ladder, data_read, intervals)
+        if args.repeats > 1:  # the same row from other seeds: its FID ratio's spread
+            row["fid_ratio_repeats"] = [row["fid_ratio"]] + [
+                measure({**job, "index": job["index"] + k * REPEAT_SEED_STRIDE}, args.models, classifier, data, fresh,
+                        args.n, scales, ladder, None, intervals)[0]["fid_ratio"] for k in range(1, args.repeats)]
         rows.append(row)
         samples[str(job["index"])] = first.contiguous()
         minutes = before + (time.perf_counter() - start) / 60

@@ -296,6 +296,35 @@ def test_the_faces_alone_table_gives_each_rows_floor_when_every_row_has_one():
     assert largest_gaps(old).endswith("0.20 to the training split")
 
 
+def test_the_faces_alone_table_gives_each_rows_fid_ratio_over_its_repeats_and_refuses_repeats_elsewhere(monkeypatch):
+    import sys
+
+    from benchmarks.faces import alone_table, main, repeats_sentence, sampler_report
+
+    def row(value: str, repeats: list[float] | None) -> dict:
+        r = {"kind": "alone", "want": {"hair": [value]}, "joint": 1.0, "fid_ratio": 3.0, "hf_ratio": 0.9,
+             "gaps": {"hat": 0.3}, "gaps_training": {"hat": 0.2}}
+        return r if repeats is None else {**r, "fid_ratio": repeats[0], "fid_ratio_repeats": repeats}
+
+    rows = [row("blond", [2.0, 3.0, 4.0]), row("brown", [6.6, 3.7, 5.6])]
+    lines = alone_table(rows)
+    assert "| FID ratio | FID ratio over 3 seeds: mean (range) | HF ratio |" in lines[0]
+    assert all(line.count("|") == 9 for line in lines)
+    assert "| 2.0 | 3.0 (2.0-4.0) | 0.90 |" in lines[2] and "| 6.6 | 5.3 (3.7-6.6) | 0.90 |" in lines[3]
+    assert repeats_sentence(rows) == (" Over 3 seeds per row (the row's own, then plus 1000, 2000, ...), the rows'"
+                                      " mean FID ratio: median 4.2, worst 5.3 (`hair=brown`, which reads 3.7-6.6"
+                                      " across them).")
+    text = sampler_report(rows, "seeds3", 64, 1.0, "bundled", {})
+    assert "`python -m benchmarks.faces --models bundled --only alone --repeats 3 --n 64 --label seeds3`" in text
+    # a row with one draw (a run without --repeats): no column, no sentence
+    single = [row("blond", None), rows[1]]
+    assert all(line.count("|") == 8 for line in alone_table(single)) and repeats_sentence(single) == ""
+    for argv in (["--repeats", "3"], ["--repeats", "0", "--only", "alone"], ["--repeats", "2", "--only", "guided"]):
+        monkeypatch.setattr(sys, "argv", ["faces", *argv])
+        with pytest.raises(SystemExit, match="more than 1 only with --only alone"):
+            main()
+
+
 def test_the_faces_realism_floor_takes_whole_sets_of_the_samples_as_the_fresh_renders_hold():
     """A value a quarter of the fresh renders have holds fewer than 4 sets of 256: the floor averages over the whole
     sets it holds (the table at --n 256 stopped at its first hair row before), and fewer renders than samples are
