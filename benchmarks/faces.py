@@ -7,6 +7,14 @@ On two cores, as two one-thread shards and a merge::
     python -m benchmarks.faces --shard 0/2 --threads 1 & python -m benchmarks.faces --shard 1/2 --threads 1
     python -m benchmarks.faces --merge 2
 
+On a GPU the models sample there (``--device cuda``) and the classifier reads on the CPU; shards share the GPU as
+processes, and the merge runs on the same machine, so the report names its device. A GPU's cuDNN rounds differently
+from the CPU and from run to run, so a row there is not the CPU's row from the same seed: compare tables measured
+on one device::
+
+    for i in 0 1 2 3; do python -m benchmarks.faces --device cuda --threads 2 --shard $i/4 & done; wait
+    python -m benchmarks.faces --device cuda --merge 4
+
 A shard saves its rows as it goes: ``--resume`` (with the same settings, the models unchanged) goes on from the last
 row an interrupted shard measured, with the same samples, as each row draws from its own seed.
 
@@ -78,6 +86,7 @@ from safetensors.torch import load_file, save_file
 from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid
 from composable_ebm.atomic import write_atomic
+from composable_ebm.cli import _device as checked_device
 from composable_ebm.data import FACES_ATTRIBUTES, combination_mask, faces
 from composable_ebm.configs import check_interval
 from composable_ebm.energy import Guided
@@ -152,16 +161,18 @@ def floor_sets(pool: torch.Tensor, n: int, most: int = 4) -> torch.Tensor:
 def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
             scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None,
             data_read: dict[str, torch.Tensor] | None = None,
-            intervals: dict[str, tuple[float, float]] | None = None) -> tuple[dict, torch.Tensor]:
+            intervals: dict[str, tuple[float, float]] | None = None,
+            device: str = "cpu") -> tuple[dict, torch.Tensor]:
     """One row: its scores and its first samples (for the sheets). ``scales`` (attribute -> guidance scale) replaces
     the models' own guidance scales in a guided row, a model drawn guided on its own included, and ``intervals``
     (attribute -> the noise levels ``(lo, hi)`` a scale applies at) their guidance intervals; ``ladder``
     (``levels``, ``steps``, ``first_steps``) the models' noise ladder's number of levels, transitions at each and
     transitions before the descent. With ``data_read`` (the classifier's readings of ``data``) an alone row also
-    gets its gap's floor at ``n`` (`row_gap_floor`)."""
+    gets its gap's floor at ``n`` (`row_gap_floor`). The models sample on ``device``; the classifier reads their
+    samples on the CPU."""
 
     def loader(name: str):
-        return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"))
+        return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"), device=device)
 
     energy = parse_expression(job["expression"], loader)
     given = scales or intervals
@@ -178,7 +189,7 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
         overrides["ladder"] = dataclasses.replace(own.ladder, levels=ladder.get("levels", own.ladder.levels),
                                                   first_steps=ladder.get("first_steps", own.ladder.first_steps))
         overrides["steps"] = ladder.get("steps", own.steps)
-    samples = energy.sample(n, seed=job["index"], form=job["form"], **overrides)
+    samples = energy.sample(n, seed=job["index"], form=job["form"], **overrides).cpu()
     read = classifier.predict(samples)
     hits = _hits(read, job["want"])
     row = {k: job[k] for k in ("index", "kind", "form", "expression", "want") if k in job}
@@ -313,8 +324,20 @@ def largest_gaps(rows: list[dict]) -> str:
     return text
 
 
+def spent(minutes: float, device: str) -> str:
+    """What a table's shards took together: CPU-minutes, or minutes of processes that shared a device."""
+    if device == "cpu":
+        return f"{minutes:.0f} CPU-minutes"
+    return f"{minutes:.0f} minutes of processes sharing one {device}"
+
+
+def device_flag(device: str) -> str:
+    """The command line's ``--device``, where it is not the CPU."""
+    return "" if device == "cpu" else f" --device {device}"
+
+
 def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str, n: int, minutes: float,
-           models: str, options: str = "") -> str:
+           models: str, options: str = "", device: str = "cpu") -> str:
     """The docs section and its contact sheets; ``options``: the command's settings beyond the models' own."""
     images = ROOT / "docs" / "images"
     alone = [r for r in rows if r["kind"] == "alone"]
@@ -322,10 +345,10 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
     fid = sorted(r["fid_ratio"] for r in alone)
     lines = [
         f"## Faces models ({label})", "",
-        f"`python -m benchmarks.faces --models {models}{options} --n {n} --label {label}` (as shards and `--merge`) on"
-        f" {machine()}, {minutes:.0f} CPU-minutes. Every row is {n} samples drawn as a user draws them, read by the"
-        " faces classifier (a model on its own runs its `[sampling.alone]` settings, and is drawn guided where its"
-        " settings say `guided_alone`); FID ratio in"
+        f"`python -m benchmarks.faces --models {models}{device_flag(device)}{options} --n {n} --label {label}` (as"
+        f" shards and `--merge`) on {machine()}, {spent(minutes, device)}. Every row is {n} samples drawn as a user"
+        " draws them, read by the faces classifier (a model on its own runs its `[sampling.alone]` settings, and is"
+        " drawn guided where its settings say `guided_alone`); FID ratio in"
         " the classifier's features against fresh renders of what the row asks for (over the floor of as many fresh"
         " renders; it grows with the number of samples, so compare tables of one `--n`); HF ratio: high-frequency"
         " energy over the renders'. Gap: the largest difference between the samples' mix of another attribute, as"
@@ -400,12 +423,12 @@ def given_settings(ladder: dict[str, int] | None = None, scales: str | None = No
 
 
 def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: str, scales: str | None,
-                  intervals: str | None = None, ladder: dict[str, int] | None = None) -> str:
+                  intervals: str | None = None, ladder: dict[str, int] | None = None, device: str = "cpu") -> str:
     """The short section of a screen over the guided conjunctions."""
     flags, given = given_settings(ladder, scales, intervals)
     lines = [f"## Faces guidance screen ({label})", "",
-             f"`python -m benchmarks.faces --models {models} --only guided{flags} --n {n} --label {label}"
-             + f"` on {machine()}, {minutes:.0f} CPU-minutes"
+             f"`python -m benchmarks.faces --models {models}{device_flag(device)} --only guided{flags} --n {n}"
+             f" --label {label}` on {machine()}, {spent(minutes, device)}"
              + (f" ({' and '.join(given)} instead of the models' own)" if given
                 else " (the models' own guidance scales)") + ":", "",
              "| attributes | composites | mean joint | worst | median FID ratio | held-out triple joint | its FID ratio |",
@@ -420,17 +443,17 @@ def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: 
 
 
 def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models: str, ladder: dict[str, int],
-                   scales: str | None = None, intervals: str | None = None) -> str:
+                   scales: str | None = None, intervals: str | None = None, device: str = "cpu") -> str:
     """The short section of each model alone: a screen with a given noise ladder or guidance scales, or (with neither)
     the models' own settings at another number of samples than the whole table's."""
     flags, given = given_settings(ladder, scales, intervals)
     repeats = _repeats(rows)
-    command = (f"python -m benchmarks.faces --models {models} --only alone{flags}"
+    command = (f"python -m benchmarks.faces --models {models}{device_flag(device)} --only alone{flags}"
                + (f" --repeats {repeats}" if repeats > 1 else "") + f" --n {n} --label {label}")
     fid = sorted(r["fid_ratio"] for r in rows)
     title = f"Faces sampler screen ({label})" if given else f"Faces models alone, {n} samples per row ({label})"
     lines = [f"## {title}", "",
-             f"`{command}` on {machine()}, {minutes:.0f} CPU-minutes ("
+             f"`{command}` on {machine()}, {spent(minutes, device)} ("
              + (", ".join(given) + " instead of the models' own" if given else "the models' own settings")
              + f"): median FID ratio **{statistics.median(fid):.1f}** (worst"
              f" {fid[-1]:.1f}); accuracy mean {_mean([r['joint'] for r in rows]):.3f} (worst"
@@ -492,18 +515,18 @@ def gap_floor_report(floor: dict[tuple[str, str, int], torch.Tensor], ns: list[i
 
 
 def _write(args, rows: list[dict], samples: dict[str, torch.Tensor], fresh, minutes: float, models: str,
-           scales: str | None, ladder: dict[str, int], intervals: str | None = None) -> None:
+           scales: str | None, ladder: dict[str, int], intervals: str | None = None, device: str = "cpu") -> None:
     """The docs section of a whole table (`report`), of a guidance screen (`screen_report`) or of a sampler screen
     (`sampler_report`), printed too."""
     if args.only == "alone":
-        text = sampler_report(rows, args.label, rows[0]["n"], minutes, models, ladder, scales, intervals)
+        text = sampler_report(rows, args.label, rows[0]["n"], minutes, models, ladder, scales, intervals, device)
         write_section(f"faces-screen-{args.label}", text)
     elif args.only is not None:
-        text = screen_report(rows, args.label, rows[0]["n"], minutes, models, scales, intervals, ladder)
+        text = screen_report(rows, args.label, rows[0]["n"], minutes, models, scales, intervals, ladder, device)
         write_section(f"faces-screen-{args.label}", text)
     else:
         text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, models,
-                      given_settings(ladder, scales, intervals)[0])
+                      given_settings(ladder, scales, intervals)[0], device)
         write_section(f"faces-{args.label}", text)
     print(text)
 
@@ -548,6 +571,9 @@ def main() -> None:
     parser.add_argument("--shard", default="0/1", help="I/K: measure every K-th row from the I-th")
     parser.add_argument("--merge", type=int, default=None, metavar="K", help="merge K shards and write the report")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu",
+                        help="where the models sample: cpu, cuda, cuda:1 ... (the classifier reads on the CPU); merge"
+                             " a device's shards on a machine with that device, which the report names")
     parser.add_argument("--resume", action="store_true",
                         help="go on with the rows an interrupted shard of this --label saved (same settings only)")
     parser.add_argument("--only", choices=["guided", "alone"], default=None,
@@ -579,6 +605,11 @@ def main() -> None:
         write_section("faces-gap-floor", text)
         print(text)
         return
+    if args.device != "cpu":
+        try:
+            checked_device(args.device)
+        except InvalidInputError as err:
+            raise SystemExit(str(err)) from None
     if args.repeats < 1 or (args.repeats > 1 and args.only != "alone"):
         raise SystemExit(f"--repeats {args.repeats}: give a whole number >= 1, and more than 1 only with --only alone")
     scales, intervals = _scales(args.scales), _intervals(args.intervals)
@@ -601,7 +632,7 @@ def main() -> None:
         if [r["index"] for r in rows] != [j["index"] for j in todo]:
             raise SystemExit(f"the {args.merge} shards hold {len(rows)} of {len(todo)} rows; run every shard first")
         _write(args, rows, samples, fresh, minutes, part["models"], part.get("scales") or args.scales,
-               part.get("ladder") or ladder, part.get("intervals") or args.intervals)
+               part.get("ladder") or ladder, part.get("intervals") or args.intervals, part.get("device", "cpu"))
         return
     index, _, count = args.shard.partition("/")
     shard = (int(index), int(count))
@@ -612,17 +643,20 @@ def main() -> None:
     table, tensors = _paths(args.out, args.label, shard)
     settings = {"models": args.models, "classifier": args.classifier, "n": args.n, "scales": args.scales,
                 "ladder": ladder, "only": args.only, **({"intervals": args.intervals} if args.intervals else {}),
-                **({"repeats": args.repeats} if args.repeats > 1 else {})}
+                **({"repeats": args.repeats} if args.repeats > 1 else {}),
+                **({"device": args.device} if args.device != "cpu" else {})}
     rows, samples, before = _resumed(table, tensors, settings) if args.resume else ([], {}, 0.0)
     done = {r["index"] for r in rows}
     for job in todo[shard[0]::shard[1]]:
         if job["index"] in done:
             continue
-        row, first = measure(job, args.models, classifier, data, fresh, args.n, scales, ladder, data_read, intervals)
+        row, first = measure(job, args.models, classifier, data, fresh, args.n, scales, ladder, data_read, intervals,
+                             args.device)
         if args.repeats > 1:  # the same row from other seeds: its FID ratio's spread
             row["fid_ratio_repeats"] = [row["fid_ratio"]] + [
                 measure({**job, "index": job["index"] + k * REPEAT_SEED_STRIDE}, args.models, classifier, data, fresh,
-                        args.n, scales, ladder, None, intervals)[0]["fid_ratio"] for k in range(1, args.repeats)]
+                        args.n, scales, ladder, None, intervals, args.device)[0]["fid_ratio"]
+                for k in range(1, args.repeats)]
         rows.append(row)
         samples[str(job["index"])] = first.contiguous()
         minutes = before + (time.perf_counter() - start) / 60
@@ -631,7 +665,7 @@ def main() -> None:
     minutes = before + (time.perf_counter() - start) / 60
     _save_shard(table, tensors, rows, samples, minutes, settings)
     if shard[1] == 1:
-        _write(args, rows, samples, fresh, minutes, args.models, args.scales, ladder, args.intervals)
+        _write(args, rows, samples, fresh, minutes, args.models, args.scales, ladder, args.intervals, args.device)
 
 
 if __name__ == "__main__":

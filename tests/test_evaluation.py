@@ -316,12 +316,27 @@ def test_the_faces_alone_table_gives_each_rows_fid_ratio_over_its_repeats_and_re
                                       " across them).")
     text = sampler_report(rows, "seeds3", 64, 1.0, "bundled", {})
     assert "`python -m benchmarks.faces --models bundled --only alone --repeats 3 --n 64 --label seeds3`" in text
+    assert "1 CPU-minutes" in text
+    on_gpu = sampler_report(rows, "seeds3", 64, 12.0, "bundled", {}, device="cuda")  # the command and time name it
+    assert "`python -m benchmarks.faces --models bundled --device cuda --only alone --repeats 3 --n 64" in on_gpu
+    assert "12 minutes of processes sharing one cuda" in on_gpu and "CPU-minutes" not in on_gpu
     # a row with one draw (a run without --repeats): no column, no sentence
     single = [row("blond", None), rows[1]]
     assert all(line.count("|") == 8 for line in alone_table(single)) and repeats_sentence(single) == ""
     for argv in (["--repeats", "3"], ["--repeats", "0", "--only", "alone"], ["--repeats", "2", "--only", "guided"]):
         monkeypatch.setattr(sys, "argv", ["faces", *argv])
         with pytest.raises(SystemExit, match="more than 1 only with --only alone"):
+            main()
+
+
+def test_the_faces_table_refuses_a_device_this_machine_lacks_in_one_line(monkeypatch):
+    import sys
+
+    from benchmarks.faces import main
+
+    for device, message in (("gpu", "'gpu' is not a device name"), ("cuda:99", "no such CUDA device")):
+        monkeypatch.setattr(sys, "argv", ["faces", "--device", device, "--only", "alone"])
+        with pytest.raises(SystemExit, match=message):
             main()
 
 
