@@ -30,13 +30,28 @@ without, alternating the two in one run, into the section ``throughput-cuda-grap
     python -m benchmarks.throughput --cuda-graphs [--recipes ...] [--batches 24 128] [--iters 5] [--paper]
 
 (``--paper`` there adds a step of the paper's 32-px network's training chain, eager and replayed, against the limit.)
+
+With ``--compile`` it times each recipe's network eagerly against through ``torch.compile`` (the energy compiled
+for the batch's fixed shape, its input gradient by the compiled backward), alternating the two in one run on one
+CPU thread (and on CUDA when present), into the section ``throughput-compile``:
+
+    python -m benchmarks.throughput --compile [--recipes ...] [--batches 24 64 128] [--iters 3]
+
+For each it gives a sampling step both ways, the first compiled call's seconds (the compilation), the largest
+relative difference of the input gradient from the eager one, and a training iteration both ways. In the compiled
+iteration the chain's evaluations use the compiled energy with the parameters held (as a chain uses them); the
+last, differentiable step and the losses stay eager. A denoising recipe's loss differentiates the input gradient
+again, which a compiled energy's backward cannot do: its row says so in one line instead of a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -86,10 +101,18 @@ def sampling_step(model, batch: int, device: torch.device, reps: int) -> tuple[f
     return seconds, max(0.0, 1.0 - busy / wall)
 
 
-def training_iteration(recipe, data, batch: int, device: torch.device, iters: int, precision: str | None = None) -> float:
+def training_iteration(recipe, data, batch: int, device: torch.device, iters: int, precision: str | None = None,
+                       compiled: bool = False) -> float:
     """Seconds of one `Trainer.train_step` of the recipe at ``batch`` (after one warm-up iteration), at the recipe's
-    precision or ``precision`` (of the denoising loss, or of a contrastive-divergence recipe's chain)."""
+    precision or ``precision`` (of the denoising loss, or of a contrastive-divergence recipe's chain); with
+    ``compiled``, the model's energy compiled (`compiled_chain`; a denoising loss compiles its energy whole)."""
     model = build_model(recipe, data)
+    if compiled:
+        torch._dynamo.reset()
+    if compiled and model.noise_conditioned:
+        model.energy = torch.compile(model.energy, dynamic=False)
+    elif compiled:
+        compiled_chain(model)
     config = dataclasses.replace(recipe.trainer, batch_size=batch)
     if precision is not None and model.noise_conditioned:
         config = dataclasses.replace(config, precision=precision)
@@ -237,6 +260,134 @@ def graphs_table(names: list[str], batches: list[int], iters: int, paper: bool =
     print("\n".join(lines))
 
 
+def compiled_chain(model) -> Callable[[], None]:
+    """Give ``model`` (an instance) a compiled energy for its chains' evaluations: `Energy.energy_and_grad` without
+    ``create_graph`` runs a ``torch.compile`` of its ``energy`` with the parameters held (``requires_grad`` off for
+    the call, so the compiled backward computes the input gradient alone); with ``create_graph`` (the trainer's last,
+    differentiable step) it stays eager. Returns the function that restores the eager energy."""
+    eager_energy_and_grad, eager_energy = model.energy_and_grad, model.energy
+    compiled = torch.compile(eager_energy, dynamic=False)
+    params = list(model.parameters())
+
+    def energy_and_grad(x, labels=None, create_graph=False, sigma=None):
+        if create_graph:
+            return eager_energy_and_grad(x, labels, create_graph=True, sigma=sigma)
+        flags = [p.requires_grad for p in params]
+        model.requires_grad_(False)
+        model.energy = compiled
+        try:
+            return eager_energy_and_grad(x, labels, sigma=sigma)
+        finally:
+            del model.energy
+            for p, flag in zip(params, flags):
+                p.requires_grad_(flag)
+
+    model.energy_and_grad = energy_and_grad
+
+    def restore() -> None:
+        del model.energy_and_grad
+
+    return restore
+
+
+def _step_and_grad(model, x, labels) -> tuple[float, torch.Tensor]:
+    """Seconds of one `Energy.energy_and_grad` at ``x`` (synchronised) and its input gradient."""
+    _sync(x.device)
+    start = time.perf_counter()
+    _, grad = model.energy_and_grad(x, labels)
+    _sync(x.device)
+    return time.perf_counter() - start, grad
+
+
+def compile_row(recipe, data, batch: int, device: torch.device, iters: int, reps: int) -> tuple:
+    """One row of the compile table: sampling step eager / compiled (seconds, the best of two alternating runs of
+    ``reps``), the first compiled call's seconds, the input gradient's largest relative difference, and a training
+    iteration eager / compiled (``None`` and the reason where the compiled iteration fails)."""
+    torch._dynamo.reset()  # each row compiles afresh: no earlier row's graphs count towards dynamo's recompile limit
+    model = build_model(recipe, data).to(device)
+    x = torch.rand(batch, *model.input_shape, device=device, generator=torch.Generator(device).manual_seed(batch))
+    labels = _labels(model, batch, device) or None
+    _, reference = _step_and_grad(model, x, labels)
+    restore = compiled_chain(model)
+    first, compiled_grad = _step_and_grad(model, x, labels)
+    restore()
+    difference = ((compiled_grad - reference).norm() / reference.norm()).item()
+    steps: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(2):  # alternate, so a drift in the machine's speed reaches both alike
+        for on in (False, True):
+            restore = compiled_chain(model) if on else (lambda: None)
+            _step_and_grad(model, x, labels)
+            steps[on].append(sum(_step_and_grad(model, x, labels)[0] for _ in range(reps)) / reps)
+            restore()
+    iterations: dict[bool, list[float]] = {False: [], True: []}
+    failed = None
+    for _ in range(2):
+        for on in (False, True):
+            if not on:
+                iterations[on].append(training_iteration(recipe, data, batch, device, iters))
+                continue
+            if failed:
+                continue
+            try:
+                iterations[on].append(training_iteration(recipe, data, batch, device, iters, compiled=True))
+            except RuntimeError as err:  # the compiled backward refuses a second differentiation: reported, not hidden
+                failed = str(err).splitlines()[0]
+    return (min(steps[False]), min(steps[True]), first, difference, min(iterations[False]),
+            min(iterations[True]) if not failed else None, failed)
+
+
+def compile_table(names: list[str], batches: list[int], iters: int, reps: int) -> None:
+    """Each recipe's network eagerly against compiled, at each batch, on one CPU thread (and CUDA when present)."""
+    torch.set_num_threads(1)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True  # an error, never eager timings in the compiled column
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    rows, peaks = [], {}
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="cebm-compile-") as cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # cold: no earlier run's compiled kernels
+        for name in names:
+            recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
+            data = build_dataset(recipe.data, recipe.folder)
+            for device in devices:
+                where = "cpu, 1 thread" if device.type == "cpu" else torch.cuda.get_device_name()
+                if where not in peaks:  # the machine's speed in this run, so that runs on other days compare
+                    peaks[where] = matmul_gflops(device)
+                for batch in batches:
+                    rows.append((name, where, batch, *compile_row(recipe, data, batch, device, iters, reps)))
+                    print(rows[-1], flush=True)
+    if before is None:
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+    def iteration_cells(eager: float, compiled: float | None, failed: str | None) -> str:
+        if compiled is None:
+            return f"{eager:.3f} | — ({failed}) | —"
+        return f"{eager:.3f} | {compiled:.3f} | {eager / compiled:.2f}x"
+
+    lines = [
+        "## torch.compile",
+        "",
+        f"`python -m benchmarks.throughput --compile --recipes {' '.join(names)} --batches"
+        f" {' '.join(map(str, batches))} --iters {iters} --reps {reps}` on torch {torch.__version__}: one sampling"
+        " step (the energy and its input gradient) and one training iteration (`Trainer.train_step`), eager against"
+        " with the energy compiled by `torch.compile` for the batch's shape, the faster of two alternating"
+        " measurements. Compiling: the first compiled call's seconds, with an empty compile cache. Gradient"
+        " difference: the largest relative difference (norm of the difference over the norm) of the compiled input"
+        " gradient from the eager one. In the compiled training iteration the chain's evaluations use the compiled"
+        " energy with the parameters held; its last, differentiable step and the losses stay eager. A dense float32"
+        f" 2048 x 2048 matrix product in the same run: {', '.join(f'{k}: {v:.0f} GFLOP/s' for k, v in peaks.items())}.",
+        "",
+        "| recipe | device | batch | ms / sampling step, eager | compiled | speed-up | compiling, s | gradient"
+        " difference | s / training iteration, eager | compiled | speed-up |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *(f"| {n} | {w} | {b} | {se * 1e3:.1f} | {sc * 1e3:.1f} | {se / sc:.2f}x | {first:.0f} | {diff:.0e} |"
+          f" {iteration_cells(ie, ic, failed)} |" for n, w, b, se, sc, first, diff, ie, ic, failed in rows),
+    ]
+    write_section("throughput-compile", "\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", default=None, choices=list(SHIPPED),
@@ -253,6 +404,8 @@ def main() -> None:
     parser.add_argument("--paper", action="store_true",
                         help=f"also the sampling step of the paper's 32-px network ({PAPER}: recipes/cifar10.toml's"
                              " network on random input; its training iteration needs CIFAR-10, so it is not timed)")
+    parser.add_argument("--compile", action="store_true",
+                        help="eager against torch.compile, into their own section (throughput-compile)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="eager against CUDA-graph chains on the GPU, into their own section"
                              " (throughput-cuda-graphs)")
@@ -261,6 +414,9 @@ def main() -> None:
         parser.error(f"{'--cuda-only' if args.cuda_only else '--cuda-graphs'}: no CUDA device is available here")
     if args.cuda_graphs:
         graphs_table(args.recipes or list(SHIPPED), args.batches, args.iters, args.paper)
+        return
+    if args.compile:
+        compile_table(args.recipes or list(SHIPPED), args.batches, args.iters, args.reps)
         return
     if args.precision:
         precision_table(args.recipes or list(SHIPPED), args.iters)
