@@ -395,8 +395,11 @@ def test_compiled_chain_matches_eager_and_restores():
     model = MLPEnergy(MLPConfig(name="toy", hidden=16, depth=2))
     x = torch.randn(8, 2)
     energies, grads = model.energy_and_grad(x)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     restore = compiled_chain(model)
     compiled_energies, compiled_grads = model.energy_and_grad(x)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # compiled, not a silent eager fallback
     torch.testing.assert_close(compiled_grads, grads, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(compiled_energies, energies, rtol=1e-4, atol=1e-6)
     assert all(p.requires_grad for p in model.parameters())
