@@ -53,6 +53,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -76,17 +77,22 @@ def _labels(model, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
     return {a: torch.zeros(batch, dtype=torch.long, device=device) for a in model.attributes}
 
 
+def step_seconds(model, x: torch.Tensor, labels, reps: int) -> float:
+    """Seconds of one energy-and-gradient evaluation at ``x``: the mean of ``reps`` after one warm-up."""
+    model.energy_and_grad(x, labels)
+    _sync(x.device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        model.energy_and_grad(x, labels)
+    _sync(x.device)
+    return (time.perf_counter() - t) / reps
+
+
 def sampling_step(model, batch: int, device: torch.device, reps: int) -> tuple[float, float]:
     """Seconds of one energy-and-gradient evaluation at ``batch``, and the share of it outside kernels."""
     x = torch.rand(batch, *model.input_shape, device=device)
     labels = _labels(model, batch, device) or None
-    model.energy_and_grad(x, labels)
-    _sync(device)
-    t = time.perf_counter()
-    for _ in range(reps):
-        model.energy_and_grad(x, labels)
-    _sync(device)
-    seconds = (time.perf_counter() - t) / reps
+    seconds = step_seconds(model, x, labels, reps)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         start = time.perf_counter()
@@ -109,10 +115,10 @@ def training_iteration(recipe, data, batch: int, device: torch.device, iters: in
     model = build_model(recipe, data)
     if compiled:
         torch._dynamo.reset()
-    if compiled and model.noise_conditioned:
-        model.energy = torch.compile(model.energy, dynamic=False)
-    elif compiled:
-        compiled_chain(model)
+        if model.noise_conditioned:
+            model.energy = torch.compile(model.energy, dynamic=False)
+        else:
+            compiled_chain(model)
     config = dataclasses.replace(recipe.trainer, batch_size=batch)
     if precision is not None and model.noise_conditioned:
         config = dataclasses.replace(config, precision=precision)
@@ -316,20 +322,15 @@ def compile_row(recipe, data, batch: int, device: torch.device, iters: int, reps
     for _ in range(2):  # alternate, so a drift in the machine's speed reaches both alike
         for on in (False, True):
             restore = compiled_chain(model) if on else (lambda: None)
-            _step_and_grad(model, x, labels)
-            steps[on].append(sum(_step_and_grad(model, x, labels)[0] for _ in range(reps)) / reps)
+            steps[on].append(step_seconds(model, x, labels, reps))
             restore()
     iterations: dict[bool, list[float]] = {False: [], True: []}
     failed = None
     for _ in range(2):
-        for on in (False, True):
-            if not on:
-                iterations[on].append(training_iteration(recipe, data, batch, device, iters))
-                continue
-            if failed:
-                continue
+        iterations[False].append(training_iteration(recipe, data, batch, device, iters))
+        if failed is None:
             try:
-                iterations[on].append(training_iteration(recipe, data, batch, device, iters, compiled=True))
+                iterations[True].append(training_iteration(recipe, data, batch, device, iters, compiled=True))
             except RuntimeError as err:  # the compiled backward refuses a second differentiation: reported, not hidden
                 failed = str(err).splitlines()[0]
     return (min(steps[False]), min(steps[True]), first, difference, min(iterations[False]),
@@ -342,9 +343,8 @@ def compile_table(names: list[str], batches: list[int], iters: int, reps: int) -
     torch._dynamo.config.fail_on_recompile_limit_hit = True  # an error, never eager timings in the compiled column
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     rows, peaks = [], {}
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="cebm-compile-") as cache:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # cold: no earlier run's compiled kernels
+    with tempfile.TemporaryDirectory(prefix="cebm-compile-") as cache, \
+            mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}):  # cold: no earlier run's compiled kernels
         for name in names:
             recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
             data = build_dataset(recipe.data, recipe.folder)
@@ -355,10 +355,6 @@ def compile_table(names: list[str], batches: list[int], iters: int, reps: int) -
                 for batch in batches:
                     rows.append((name, where, batch, *compile_row(recipe, data, batch, device, iters, reps)))
                     print(rows[-1], flush=True)
-    if before is None:
-        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    else:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
     def iteration_cells(eager: float, compiled: float | None, failed: str | None) -> str:
         if compiled is None:
