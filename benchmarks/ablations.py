@@ -8,12 +8,12 @@ with the bundled colour and size models, all with default sampler settings and r
 Train the variants first (two at a time on two cores, ``OMP_NUM_THREADS=1``), then measure accuracy here and
 realism with ``benchmarks.realism``:
 
-    cebm train recipes/shapes-shape.toml --out runs/shapes/shape --steps 1200
+    cebm train recipes/shapes-shape.toml --out runs/abl-recipe/shape --steps 1200
     cebm train recipes/ablations/shapes-shape-no-kl.toml --out runs/abl-no-kl/shape --steps 1200
     cebm train recipes/ablations/shapes-shape-entropy.toml --out runs/abl-entropy/shape --steps 1200
     python -m benchmarks.ablations [--n 256]
     python -m benchmarks.realism --n 64 --coverage-n 256 --split all --label ablations \\
-        --models runs/shapes/shape/model runs/abl-no-kl/shape/model runs/abl-entropy/shape/model \\
+        --models runs/abl-recipe/shape/model runs/abl-no-kl/shape/model runs/abl-entropy/shape/model \\
         --names recipe no-kl entropy --section realism-ablations \\
         --title "Ablations of the KL loss: realism (shape model, 1,200 iterations)"
 """
@@ -37,7 +37,7 @@ from composable_ebm.training import read_log
 
 # label, run folder, recipe
 VARIANTS = [
-    ("the recipe (L_opt)", "runs/shapes/shape", "recipes/shapes-shape.toml"),
+    ("the recipe (L_opt)", "runs/abl-recipe/shape", "recipes/shapes-shape.toml"),
     ("without the KL loss", "runs/abl-no-kl/shape", "recipes/ablations/shapes-shape-no-kl.toml"),
     ("with the entropy term (L_opt + L_ent)", "runs/abl-entropy/shape", "recipes/ablations/shapes-shape-entropy.toml"),
 ]
