@@ -13,27 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 from benchmarks._report import machine, write_section
+from benchmarks.sampling import step_seconds
 from composable_ebm import guided, load
 
 EXPRESSION = "red + circle + large"
-
-
-def step_seconds(energy, x: torch.Tensor, repeats: int) -> float:
-    for _ in range(3):  # warm-up
-        energy.energy_and_grad(x)
-    if x.device.type == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(repeats):
-        energy.energy_and_grad(x)
-    if x.device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t) / repeats
 
 
 def main() -> None:
@@ -50,8 +37,8 @@ def main() -> None:
     plain = color.condition(color="red") + shape.condition(shape="circle") + size.condition(size="large")
     forms = {"plain": plain, "guided": guided(plain)}
     x = torch.rand(args.n, 3, 16, 16, device=args.device)
-    seconds = {name: step_seconds(e, x, args.repeats) for name, e in forms.items()}
-    seconds["plain_2n"] = step_seconds(plain, torch.cat([x, x]), args.repeats)
+    seconds = {name: step_seconds(e, x, reps=args.repeats, warmup=3) for name, e in forms.items()}
+    seconds["plain_2n"] = step_seconds(plain, torch.cat([x, x]), reps=args.repeats, warmup=3)
     ratio = seconds["guided"] / seconds["plain"]
     print(json.dumps({"seconds": seconds, "ratio": ratio}), flush=True)
     on_gpu = torch.device(args.device).type == "cuda"

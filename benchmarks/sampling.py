@@ -37,6 +37,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def step_seconds(energy, x: torch.Tensor, labels=None, reps: int = 5, warmup: int = 1) -> float:
+    """Seconds of one energy-and-gradient evaluation at ``x``: the mean of ``reps`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        energy.energy_and_grad(x, labels)
+    _sync(x.device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        energy.energy_and_grad(x, labels)
+    _sync(x.device)
+    return (time.perf_counter() - t) / reps
+
+
 def step_flops(model: ResNetEnergy, batch: int, device: torch.device) -> int:
     """FLOPs of the energy and its input gradient (the counter does not follow autograd.grad,
     so this runs backward() with the parameters frozen, which computes the same kernels); a conditional

@@ -59,7 +59,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks._report import write_section
-from benchmarks.sampling import _sync, matmul_gflops, step_flops
+from benchmarks.sampling import _sync, matmul_gflops, step_flops, step_seconds
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling.graphs import enabled as graphs_enabled
 from composable_ebm.sampling.transitions import native_bfloat16
@@ -75,17 +75,6 @@ PAPER = "paper-32"  # the paper's 32-px CIFAR-10 network (recipes/cifar10.toml):
 
 def _labels(model, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
     return {a: torch.zeros(batch, dtype=torch.long, device=device) for a in model.attributes}
-
-
-def step_seconds(model, x: torch.Tensor, labels, reps: int) -> float:
-    """Seconds of one energy-and-gradient evaluation at ``x``: the mean of ``reps`` after one warm-up."""
-    model.energy_and_grad(x, labels)
-    _sync(x.device)
-    t = time.perf_counter()
-    for _ in range(reps):
-        model.energy_and_grad(x, labels)
-    _sync(x.device)
-    return (time.perf_counter() - t) / reps
 
 
 def sampling_step(model, batch: int, device: torch.device, reps: int) -> tuple[float, float]:
