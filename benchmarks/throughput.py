@@ -41,7 +41,9 @@ For each it gives a sampling step both ways, the first compiled call's seconds (
 relative difference of the input gradient from the eager one, and a training iteration both ways. In the compiled
 iteration the chain's evaluations use the compiled energy with the parameters held (as a chain uses them); the
 last, differentiable step and the losses stay eager. A denoising recipe's loss differentiates the input gradient
-again, which a compiled energy's backward cannot do: its row says so in one line instead of a time.
+again, which a compiled energy's backward cannot do, so its compiled iteration compiles the whole loss instead
+(`CompiledDenoising`: the input gradient by ``torch.func.grad`` inside the graph). Where a compiled iteration fails
+on the platform, its row says why in one line instead of a time.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling.graphs import enabled as graphs_enabled
 from composable_ebm.sampling.transitions import native_bfloat16
 from composable_ebm.training import Trainer
+from composable_ebm.training.denoising import DenoisingObjective
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = {"shapes-shape": "shapes-shape.toml", "shapes-color": "shapes-color-palette.toml",
@@ -100,13 +103,12 @@ def training_iteration(recipe, data, batch: int, device: torch.device, iters: in
                        compiled: bool = False) -> float:
     """Seconds of one `Trainer.train_step` of the recipe at ``batch`` (after one warm-up iteration), at the recipe's
     precision or ``precision`` (of the denoising loss, or of a contrastive-divergence recipe's chain); with
-    ``compiled``, the model's energy compiled (`compiled_chain`; a denoising loss compiles its energy whole)."""
+    ``compiled``, the chain's energy compiled (`compiled_chain`), or a denoising recipe's whole loss
+    (`CompiledDenoising`)."""
     model = build_model(recipe, data)
     if compiled:
         torch._dynamo.reset()
-        if model.noise_conditioned:
-            model.energy = torch.compile(model.energy, dynamic=False)
-        else:
+        if not model.noise_conditioned:
             compiled_chain(model)
     config = dataclasses.replace(recipe.trainer, batch_size=batch)
     if precision is not None and model.noise_conditioned:
@@ -114,6 +116,8 @@ def training_iteration(recipe, data, batch: int, device: torch.device, iters: in
     elif precision is not None:
         config = dataclasses.replace(config, sampler=dataclasses.replace(config.sampler, precision=precision))
     trainer = Trainer(model, data, config, device=device)
+    if compiled and model.noise_conditioned:
+        trainer.objective = CompiledDenoising(trainer.energy)
     trainer.train_step()
     _sync(device)
     t = time.perf_counter()
@@ -285,6 +289,28 @@ def compiled_chain(model) -> Callable[[], None]:
     return restore
 
 
+class CompiledDenoising(DenoisingObjective):
+    """The denoising loss compiled whole by ``torch.compile``: the energy's input gradient is taken by
+    ``torch.func.grad`` inside the compiled function, so the parameters' gradient is the first-order backward of one
+    graph. (A compiled energy's own backward cannot be differentiated again, which the loss needs.) The batch, the
+    levels and the noise are drawn as `DenoisingObjective` draws them. ``backend``: torch.compile's."""
+
+    def __init__(self, energy, backend: str = "inductor") -> None:
+        super().__init__(energy)
+        self._compiled = torch.compile(self._noise_prediction, dynamic=False, backend=backend)
+
+    def _noise_prediction(self, noised, sigma, z, labels):
+        def total(x):
+            e = self.energy(x, labels, sigma=sigma)
+            return e.sum(), e
+
+        grad, e = torch.func.grad(total, has_aux=True)(noised)
+        return (sigma.view((-1,) + (1,) * (noised.ndim - 1)) * grad - z).pow(2).mean(), e
+
+    def noise_prediction(self, noised, sigma, z, labels):
+        return self._compiled(noised.detach(), sigma, z, labels)
+
+
 def _step_and_grad(model, x, labels) -> tuple[float, torch.Tensor]:
     """Seconds of one `Energy.energy_and_grad` at ``x`` (synchronised) and its input gradient."""
     _sync(x.device)
@@ -320,7 +346,7 @@ def compile_row(recipe, data, batch: int, device: torch.device, iters: int, reps
         if failed is None:
             try:
                 iterations[True].append(training_iteration(recipe, data, batch, device, iters, compiled=True))
-            except RuntimeError as err:  # the compiled backward refuses a second differentiation: reported, not hidden
+            except RuntimeError as err:  # a platform where the compiled iteration fails: reported, not hidden
                 failed = str(err).splitlines()[0]
     return (min(steps[False]), min(steps[True]), first, difference, min(iterations[False]),
             min(iterations[True]) if not failed else None, failed)
@@ -360,7 +386,10 @@ def compile_table(names: list[str], batches: list[int], iters: int, reps: int) -
         " measurements. Compiling: the first compiled call's seconds, with an empty compile cache. Gradient"
         " difference: the largest relative difference (norm of the difference over the norm) of the compiled input"
         " gradient from the eager one. In the compiled training iteration the chain's evaluations use the compiled"
-        " energy with the parameters held; its last, differentiable step and the losses stay eager. A dense float32"
+        " energy with the parameters held; its last, differentiable step and the losses stay eager. A denoising"
+        " iteration compiles its whole loss (the input gradient by `torch.func.grad` inside one graph; a compiled"
+        " energy's backward cannot be differentiated again), and its batch, levels and noise are drawn eagerly."
+        " A dense float32"
         f" 2048 x 2048 matrix product in the same run: {', '.join(f'{k}: {v:.0f} GFLOP/s' for k, v in peaks.items())}.",
         "",
         "| recipe | device | batch | ms / sampling step, eager | compiled | speed-up | compiling, s | gradient"

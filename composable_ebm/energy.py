@@ -96,10 +96,11 @@ def _remember_range(idx: Tensor, low: int, high: int) -> None:
 
 
 def capturing() -> bool:
-    """Whether a CUDA graph is being captured on the current stream (`composable_ebm.sampling.graphs`): checks that
-    read a value back to the host (label indices in range) are skipped then, since the eager run before the capture
-    made them."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    """Whether a CUDA graph is being captured on the current stream (`composable_ebm.sampling.graphs`), or the code
+    is being traced by ``torch.compile``: checks that read a value back to the host (label indices in range) are
+    skipped then. The eager run before a capture made them; a compiled graph checks its labels as it runs
+    (`Energy.encode_labels`)."""
+    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _label_range(value: Any, index: Tensor, idx: Tensor) -> tuple[int, int] | None:
@@ -116,6 +117,13 @@ def _label_range(value: Any, index: Tensor, idx: Tensor) -> tuple[int, int] | No
     if idx is not index:
         _remember_range(idx, *found)
     return found
+
+
+def _outside(attr: str, values: Sequence[str]) -> str:
+    """The error of a label index out of range: a ``ValueError`` eagerly, a ``RuntimeError`` in a compiled graph
+    (on a GPU, a device-side assertion)."""
+    return (f"labels[{attr!r}] holds an index outside 0..{len(values) - 1} (or {NULL}, unbound); valid values:"
+            f" {list(values)}")
 
 
 class Energy(nn.Module):
@@ -265,10 +273,9 @@ class Energy(nn.Module):
                 )
             found = _label_range(value, index, idx)
             if found is not None and (found[0] < NULL or found[1] >= len(values)):
-                raise ValueError(
-                    f"labels[{attr!r}] holds an index outside 0..{len(values) - 1} (or {NULL}, unbound);"
-                    f" valid values: {list(values)}"
-                )
+                raise ValueError(_outside(attr, values))
+            if found is None and torch.compiler.is_compiling():  # a compiled graph reads nothing back: checked in it
+                torch._assert_async(((idx >= NULL) & (idx < len(values))).all(), _outside(attr, values))
             out[attr] = idx
         return out
 

@@ -418,3 +418,33 @@ def test_compiled_chain_matches_eager_and_restores():
     assert any(g.abs().sum() > 0 for g in eager)
     for a, b in zip(through_compiled, eager):
         torch.testing.assert_close(a, b)
+
+
+def test_compiled_denoising_loss_is_one_graph_with_the_eager_loss_and_gradients():
+    """benchmarks/throughput.py --compile, a denoising recipe: the loss compiled whole (the input gradient by
+    torch.func.grad inside the graph) draws the eager batch's loss and parameter gradients, as one graph."""
+    from benchmarks.throughput import CompiledDenoising
+    from composable_ebm.training.denoising import DenoisingObjective
+    from tests.test_diffusion import tiny_unet
+    from tests.test_energy import randomize
+
+    model = randomize(tiny_unet())
+    x = torch.rand(6, *model.input_shape)
+    labels = {"color": torch.tensor([0, 1, -1, 1, 0, -1])}
+
+    def run(objective) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        out = objective(x, labels, torch.Generator().manual_seed(3))
+        out.loss.backward()
+        return out.loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    loss, grads = run(DenoisingObjective(model))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled_loss, compiled_grads = run(CompiledDenoising(model, backend="aot_eager"))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # whole, not a silent eager fallback
+    assert not torch._dynamo.utils.counters["graph_break"]
+    torch.testing.assert_close(compiled_loss, loss, rtol=1e-4, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in grads)
+    for a, b in zip(compiled_grads, grads):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)

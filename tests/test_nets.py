@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from composable_ebm import Energy, GaussianEnergy, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
+from composable_ebm.energy import NULL
 from composable_ebm.nets.resnet import PAPER_32_BLOCKS, tower_blocks
 from tests.conftest import tiny_config
 from tests.test_energy import randomize
@@ -274,3 +275,30 @@ def test_unknown_pixel_pool_names_the_choices():
 def test_unknown_condition_head_names_the_choices():
     with pytest.raises(ValueError, match=r"condition_head 'cross'.*\['film', 'pixel_set', 'projection'\]"):
         tiny_config(condition_head="cross")
+
+
+@pytest.mark.parametrize("name", ["resnet-conditional", "resnet-late-film", "unet", "unet-without-null"])
+def test_torch_compile_traces_a_conditional_network_whole_and_checks_its_labels_as_it_runs(name):
+    """The label checks that read indices back to the host are skipped while torch.compile traces (as during a CUDA
+    graph capture): the network compiles as one graph, draws the eager energies, and an index out of range still
+    fails in one line naming the attribute, now as the compiled graph runs."""
+    from tests.test_diffusion import tiny_unet
+
+    if name.startswith("unet"):
+        model = tiny_unet(null_condition=name == "unet")
+    else:
+        model = build(NETWORK_CONFIGS[name])
+    model = randomize(model).eval()
+    attr, values = next(iter(model.attributes.items()))
+    x = torch.rand(4, *model.input_shape)
+    labels = {attr: torch.tensor([0, 1, 1, 0])}
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda y, lab: model(y, lab))(x, labels)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+    torch.testing.assert_close(compiled(x, labels), model(x, labels))
+    with pytest.raises(RuntimeError, match=rf"labels\['{attr}'\] holds an index outside 0..{len(values) - 1}"):
+        compiled(x, {attr: torch.tensor([0, len(values), 1, 0])})
+    if not model.has_null_condition:
+        with pytest.raises(RuntimeError, match=r"trained without a null condition"):
+            compiled(x, {attr: torch.tensor([0, NULL, 1, 0])})

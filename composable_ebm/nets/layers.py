@@ -156,6 +156,10 @@ class AttributeCodes:
         """True for unconditional models and for conditional ones trained with label dropout."""
         return not self.attributes or self.config.null_condition
 
+    def _no_null_condition(self, attr: str, values: tuple[str, ...]) -> str:
+        return (f"{self.name} was trained without a null condition (label dropout), so it has no unconditional energy;"
+                f" bind its attribute: {self.name}[{attr}=...] with one of {list(values)}")
+
     def condition_vector(self, labels: Labels | None, batch: int, device: torch.device) -> Tensor | None:
         """Concatenated one-hot codes of the bound attributes; zeros (the null condition) for unbound
         ones and for items whose index is `NULL`. ``(B, D)``; ``None`` for an unconditional network.
@@ -170,10 +174,9 @@ class AttributeCodes:
             idx = labels.get(attr) if labels is not None else None
             if not self.config.null_condition and (
                     idx is None or (idx.numel() > 0 and not capturing() and index_range(idx)[0] < 0)):
-                raise InvalidInputError(
-                    f"{self.name} was trained without a null condition (label dropout), so it has no"
-                    f" unconditional energy; bind its attribute: {self.name}[{attr}=...] with one of {list(values)}"
-                )
+                raise InvalidInputError(self._no_null_condition(attr, values))
+            if not self.config.null_condition and idx is not None and idx.numel() > 0 and torch.compiler.is_compiling():
+                torch._assert_async((idx >= 0).all(), self._no_null_condition(attr, values))  # checked as it runs
             if idx is None:
                 parts.append(torch.zeros(batch, len(values), device=device))
             else:

@@ -49,9 +49,16 @@ class DenoisingObjective(nn.Module):
         u = torch.rand(b, generator=generator, device=x.device, dtype=x.dtype)
         sigma = torch.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
         z = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-        noised = (x + sigma.view((-1,) + (1,) * (x.ndim - 1)) * z).requires_grad_(True)
+        noised = x + sigma.view((-1,) + (1,) * (x.ndim - 1)) * z
+        loss, e = self.noise_prediction(noised, sigma, z, labels)
+        return DenoisingOutput(loss, e.detach().mean())
+
+    def noise_prediction(self, noised: Tensor, sigma: Tensor, z: Tensor,
+                         labels: Labels | None) -> tuple[Tensor, Tensor]:
+        """The loss of predicting the noise ``z`` of ``noised`` (at levels ``sigma``, ``(B,)``) by ``sigma`` times
+        the energy's input gradient, and the energies ``(B,)``."""
+        noised = noised.detach().requires_grad_(True)
         e = self.energy(noised, labels, sigma=sigma)
         (grad,) = torch.autograd.grad(e.sum(), noised, create_graph=True)
-        predicted = sigma.view((-1,) + (1,) * (x.ndim - 1)) * grad
-        loss = (predicted - z).pow(2).mean()
-        return DenoisingOutput(loss, e.detach().mean())
+        predicted = sigma.view((-1,) + (1,) * (noised.ndim - 1)) * grad
+        return (predicted - z).pow(2).mean(), e
