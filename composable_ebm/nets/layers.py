@@ -157,6 +157,7 @@ class AttributeCodes:
         return not self.attributes or self.config.null_condition
 
     def _no_null_condition(self, attr: str, values: tuple[str, ...]) -> str:
+        """The error of an unbound attribute where the model has no null condition."""
         return (f"{self.name} was trained without a null condition (label dropout), so it has no unconditional energy;"
                 f" bind its attribute: {self.name}[{attr}=...] with one of {list(values)}")
 
