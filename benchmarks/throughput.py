@@ -66,7 +66,7 @@ from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling.graphs import enabled as graphs_enabled
 from composable_ebm.sampling.transitions import native_bfloat16
 from composable_ebm.training import Trainer
-from composable_ebm.training.denoising import DenoisingObjective
+from composable_ebm.training.denoising import DenoisingObjective, noise_prediction_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = {"shapes-shape": "shapes-shape.toml", "shapes-color": "shapes-color-palette.toml",
@@ -305,7 +305,7 @@ class CompiledDenoising(DenoisingObjective):
             return e.sum(), e
 
         grad, e = torch.func.grad(total, has_aux=True)(noised)
-        return (sigma.view((-1,) + (1,) * (noised.ndim - 1)) * grad - z).pow(2).mean(), e
+        return noise_prediction_loss(grad, sigma, z), e
 
     def noise_prediction(self, noised, sigma, z, labels):
         return self._compiled(noised.detach(), sigma, z, labels)

@@ -60,5 +60,10 @@ class DenoisingObjective(nn.Module):
         noised = noised.detach().requires_grad_(True)
         e = self.energy(noised, labels, sigma=sigma)
         (grad,) = torch.autograd.grad(e.sum(), noised, create_graph=True)
-        predicted = sigma.view((-1,) + (1,) * (noised.ndim - 1)) * grad
-        return (predicted - z).pow(2).mean(), e
+        return noise_prediction_loss(grad, sigma, z), e
+
+
+def noise_prediction_loss(grad: Tensor, sigma: Tensor, z: Tensor) -> Tensor:
+    """The mean squared error, per pixel, of ``sigma`` (``(B,)``) times the energy's input gradient ``grad`` as a
+    prediction of the noise ``z``."""
+    return (sigma.view((-1,) + (1,) * (grad.ndim - 1)) * grad - z).pow(2).mean()
