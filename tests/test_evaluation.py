@@ -165,6 +165,18 @@ def test_training_health_plot_and_image_grid_are_written(tmp_path):
         plot_training_health(tmp_path / "empty", tmp_path / "x.png")
 
 
+def test_training_health_plot_of_a_short_run_ticks_whole_steps(tmp_path, monkeypatch):
+    from composable_ebm.evaluation import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out: figures.append(fig) or out)
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps({"step": s, "e_diff": 0.1 / s, "grad_norm_cd": 2.0,
+                                                            "grad_norm_kl": 0.01}) + "\n" for s in (4, 6)))
+    plot_training_health(tmp_path, tmp_path / "health.png")
+    ticks = [t for t in figures[0].axes[1].get_xticks() if 4 <= t <= 6]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
 def test_energy_models_round_trip_with_their_sampler_settings(tmp_path):
     model = ResNetEnergy(tiny_config(name="color", attributes={"color": ("red", "green")}, null_condition=True))
     model.sampling_defaults = settings(step_size=7.0, steps=9, augment=AugmentConfig(crop_scale=(0.3, 1.0)))

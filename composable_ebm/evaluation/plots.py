@@ -20,6 +20,7 @@ def plot_training_health(log: str | Path, out: str | Path, title: str | None = N
 
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     import math
     from numbers import Real
@@ -56,6 +57,7 @@ def plot_training_health(log: str | Path, out: str | Path, title: str | None = N
         bottom.legend(loc="best")
     bottom.set_ylabel("gradient norm")
     bottom.set_xlabel("step")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at step 4.25 on a short run
     for f in faults:
         for ax in (top, bottom):
             ax.axvline(f["step"], color="tab:red", lw=0.8, alpha=0.7)
