@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -241,6 +242,52 @@ def test_the_blind_training_mix_is_the_training_split_seen_without_colour():
     assert abs(circle["size"]["small"] - 0.5) < 0.05 and circle["color"]["red"] == 1 / 3
 
 
+def test_the_digits_benchmark_reads_digits_and_splits_each_digit_into_a_floor_and_a_disjoint_reference():
+    pytest.importorskip("sklearn")
+    from benchmarks.digits import digit_sets, digits_classifier
+    from composable_ebm.data.digits import digits
+
+    data = digits(16, 1)
+    for index in range(10):
+        real, reference = digit_sets(data, index, 64)
+        assert real.shape == (64, 1, 16, 16) and reference.shape[0] == int((data.labels["digit"] == index).sum()) - 64
+        pool = data.images[data.labels["digit"] == index].flatten(1)  # every image of the digit, no other
+        for part in (real, reference):
+            assert bool((torch.cdist(part.flatten(1), pool).min(dim=1).values == 0).all())
+        assert float(torch.cdist(real.flatten(1), reference.flatten(1)).min()) > 0  # disjoint (no duplicates here)
+    with pytest.raises(SystemExit, match="too few"):
+        digit_sets(data, 0, 100)
+    classifier, held_out = digits_classifier(data, seed=0, steps=300)
+    assert held_out > 0.9 and classifier.config.in_channels == 1  # grey stays grey
+
+
+def test_the_digits_benchmark_measures_every_digit_of_every_model_given(tmp_path, monkeypatch):
+    pytest.importorskip("sklearn")
+    from benchmarks import digits as bench
+
+    model = ResNetEnergy(tiny_config(name="digits", image_size=16, in_channels=1, null_condition=True,
+                                     attributes={"digit": tuple(str(d) for d in range(10))}))
+    model.sampling_defaults = settings(step_size=10.0, noise=0.005, steps=2)
+    save_model(model, tmp_path / "a")
+    save_model(model, tmp_path / "b")
+    argv = ["digits", "--models", str(tmp_path / "a"), str(tmp_path / "b"), "--n", "8", "--classifier-steps", "30",
+            "--out", str(tmp_path / "out"), "--no-doc", "--threads", "1"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--names", "one", "two", "--scale", "2"])
+    bench.main()
+    report = json.loads((tmp_path / "out" / "digits.json").read_text())
+    assert set(report["models"]) == {"one", "two"}
+    for name in ("one", "two"):
+        rows = report["models"][name]["rows"]
+        assert [r["digit"] for r in rows] == [str(d) for d in range(10)]
+        assert all(0 <= r["accuracy"] <= 1 and r["fid_ratio"] > 0 and r["n"] == 8 for r in rows)
+        assert (tmp_path / "out" / f"digits-{name}.png").is_file()
+    # the same weights and seeds give the same rows under either name
+    assert report["models"]["one"]["rows"] == report["models"]["two"]["rows"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--names", "one"])
+    with pytest.raises(SystemExit, match="1 names for 2 models"):
+        bench.main()
+
+
 def test_an_interrupted_faces_table_shard_resumes_with_its_rows_and_refuses_other_settings(tmp_path):
     from benchmarks.faces import _paths, _resumed, _save_shard
 
@@ -311,8 +358,6 @@ def test_the_faces_alone_table_gives_each_rows_floor_when_every_row_has_one():
 
 
 def test_the_faces_alone_table_gives_each_rows_fid_ratio_over_its_repeats_and_refuses_repeats_elsewhere(monkeypatch):
-    import sys
-
     from benchmarks.faces import alone_table, main, repeats_sentence, sampler_report
 
     def row(value: str, repeats: list[float] | None) -> dict:
@@ -344,8 +389,6 @@ def test_the_faces_alone_table_gives_each_rows_fid_ratio_over_its_repeats_and_re
 
 
 def test_the_faces_table_refuses_a_device_this_machine_lacks_in_one_line(monkeypatch):
-    import sys
-
     from benchmarks.faces import main
 
     for device, message in (("gpu", "'gpu' is not a device name"), ("cuda:99", "no such CUDA device")):
