@@ -27,8 +27,7 @@ import torch
 from benchmarks._report import machine, shown, write_section
 from composable_ebm.data.digits import digits
 from composable_ebm.energy import guided
-from composable_ebm.evaluation.classifier import (AttributeClassifier, ClassifierConfig, attribute_accuracy,
-                                                   train_classifier)
+from composable_ebm.evaluation.classifier import AttributeClassifier, fit_classifier
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.images import save_image, to_pil
 from composable_ebm.persistence import load_model
@@ -39,17 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def digits_classifier(data, seed: int, steps: int) -> tuple[AttributeClassifier, float]:
     """A classifier of ``digit`` trained on 80% of ``data`` (drawn with ``seed``), and its accuracy on the rest."""
-    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
-    aside = len(data) // 5
-    test, train = order[:aside], order[aside:]
-    config = ClassifierConfig(name="digits-classifier", image_size=data.images.shape[-1],
-                              in_channels=data.images.shape[1], width=16, attributes=dict(data.attributes))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        classifier = AttributeClassifier(config)
-    train_classifier(classifier, data.images[train], {"digit": data.labels["digit"][train]}, steps=steps, seed=seed)
-    accuracy = attribute_accuracy(classifier, data.images[test], {"digit": data.labels["digit"][test]})["digit"]
-    return classifier.eval(), accuracy
+    classifier, accuracy = fit_classifier(data, "digits-classifier", held_out=0.2, steps=steps, seed=seed, width=16)
+    return classifier.eval(), accuracy["digit"]
 
 
 def digit_sets(data, index: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:

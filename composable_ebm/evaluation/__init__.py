@@ -6,6 +6,7 @@ from composable_ebm.evaluation.classifier import (
     CompositionScore,
     attribute_accuracy,
     compositional_accuracy,
+    fit_classifier,
     train_classifier,
 )
 from composable_ebm.evaluation.conditional import (
@@ -43,6 +44,7 @@ __all__ = [
     "extract_features",
     "fid",
     "find_inception_weights",
+    "fit_classifier",
     "frechet_distance",
     "gaussian_stats",
     "heldout_energy_gap",

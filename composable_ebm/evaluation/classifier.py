@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,9 @@ from composable_ebm.energy import value_index
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.images import as_float_images
 from composable_ebm.persistence import Pretrained, register
+
+if TYPE_CHECKING:  # pragma: no cover; the data layer is only named in annotations
+    from composable_ebm.data.base import ImageDataset
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,27 @@ def compositional_accuracy(
     return CompositionScore({a: float(h.float().mean()) for a, h in hits.items()}, float(joint.float().mean()), samples.shape[0])
 
 
+def fit_classifier(data: ImageDataset, name: str, held_out: float = 0.1, steps: int = 1500, seed: int = 0,
+                   width: int = 32, device: torch.device | str = "cpu") -> tuple[AttributeClassifier, dict[str, float]]:
+    """An `AttributeClassifier` of every attribute of ``data`` (an `ImageDataset`), trained on all
+    but a share ``held_out`` of its images (drawn with ``seed``), and its accuracy per attribute on those (empty when
+    none are kept aside)."""
+    n = len(data)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    aside = int(round(held_out * n))
+    test, train = order[:aside], order[aside:]
+    config = ClassifierConfig(name=name, image_size=data.images.shape[-1], in_channels=data.images.shape[1],
+                              width=width, attributes=dict(data.attributes))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        classifier = AttributeClassifier(config).to(device)
+    train_classifier(classifier, data.images[train], {a: v[train] for a, v in data.labels.items()}, steps=steps,
+                     seed=seed)
+    accuracy = (attribute_accuracy(classifier, data.images[test], {a: v[test] for a, v in data.labels.items()})
+                if aside else {})
+    return classifier, accuracy
+
+
 @dataclass
 class FolderClassifier:
     """What `fit_folder_classifier` made: the classifier, where it is saved, and its held-out accuracy."""
@@ -192,20 +217,11 @@ def fit_folder_classifier(
         except ValueError as err:
             raise InvalidInputError(f"{folder / attribute_file}: {err}") from err
     n = len(data)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     aside = int(round(held_out * n))
     if n - aside < 2:
         raise InvalidInputError(f"{folder}: {n} images, too few to train a classifier (and keep {aside} aside)")
-    test, train = order[:aside], order[aside:]
-    config = ClassifierConfig(name=f"{folder.name}-classifier", image_size=size, in_channels=data.images.shape[1],
-                              attributes=dict(data.attributes))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        classifier = AttributeClassifier(config).to(device)
-    train_classifier(classifier, data.images[train], {a: v[train] for a, v in data.labels.items()}, steps=steps,
-                     seed=seed)
-    accuracy = (attribute_accuracy(classifier, data.images[test], {a: v[test] for a, v in data.labels.items()})
-                if aside else {})
+    classifier, accuracy = fit_classifier(data, f"{folder.name}-classifier", held_out=held_out, steps=steps, seed=seed,
+                                          device=device)
     notes = (f"Trained for {steps} steps on {n - aside} images of `{folder.name}`; read right on {aside} held-out"
              " images: " + ", ".join(f"{a} {v:.3f}" for a, v in accuracy.items()) + ".") if aside else None
     save_model(classifier.cpu(), out, card=model_card(classifier, location=str(out), notes=notes))
