@@ -15,6 +15,7 @@ import torch
 
 import composable_ebm as cebm
 from composable_ebm.data import FACES_ATTRIBUTES, SHAPES_ATTRIBUTES
+from composable_ebm.energy import value_index
 
 pytestmark = pytest.mark.slow
 
@@ -26,10 +27,11 @@ SHAPES_ROWS = [(a, v) for a in SHAPES_ATTRIBUTES for v in SHAPES_ATTRIBUTES[a]]
 def read_right(energy: cebm.Energy, classifier: str, table: dict, attribute: str, value: str, n: int) -> float:
     """The share of ``n`` samples of ``energy`` (drawn as a user draws them, seeded) whose ``attribute`` the
     bundled ``classifier`` reads as ``value``."""
-    images = energy.sample(n=n, seed=table[attribute].index(value))
+    index = value_index(table, attribute, value)
+    images = energy.sample(n=n, seed=index)
     assert images.shape == (n, 3, 16, 16) and torch.isfinite(images).all()
     read = cebm.load(classifier).predict(images)[attribute]
-    return float((read == table[attribute].index(value)).float().mean())
+    return float((read == index).float().mean())
 
 
 @pytest.mark.parametrize(("attribute", "value"), FACES_ROWS, ids=[f"{a}={v}" for a, v in FACES_ROWS])
