@@ -44,6 +44,15 @@ last, differentiable step and the losses stay eager. A denoising recipe's loss d
 again, which a compiled energy's backward cannot do, so its compiled iteration compiles the whole loss instead
 (`CompiledDenoising`: the input gradient by ``torch.func.grad`` inside the graph). Where a compiled iteration fails
 on the platform, its row says why in one line instead of a time.
+
+With ``--conv-grad`` it times a training iteration of each denoising recipe (by default; the contrastive-divergence
+recipes' KL loss does not use `Conv2d`'s own derivatives) at its own batch on one CPU thread (CUDA too when
+present) with the convolutions' second derivatives by autograd's formulas against by `composable_ebm.nets.conv`'s own
+(`use_native_conv_grad`), in float32 and in bfloat16, alternating the four in one run, into the section
+``throughput-conv-grad``. Its first column is the eager float32 path the issue on throughput started from; its last
+compares the recipe's default now (its own precision, own derivatives) with it:
+
+    python -m benchmarks.throughput --conv-grad [--recipes ...] [--iters 3] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks._report import write_section
 from benchmarks.sampling import _sync, matmul_gflops, step_flops, step_seconds
+from composable_ebm.nets.conv import use_native_conv_grad
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling.graphs import enabled as graphs_enabled
 from composable_ebm.sampling.transitions import native_bfloat16
@@ -161,6 +171,61 @@ def precision_table(names: list[str], iters: int) -> None:
         *(f"| {n} | {w} | {b} | {f:.3f} | {h:.3f} | {f / h:.2f}x |" for n, w, b, f, h in rows),
     ]
     write_section("throughput-precision", "\n".join(lines))
+    print("\n".join(lines))
+
+
+def conv_grad_table(names: list[str], iters: int, rounds: int) -> None:
+    """A training iteration of each recipe at its own batch: autograd's convolution derivatives against
+    `composable_ebm.nets.conv`'s, in float32 and bfloat16, alternated in one run (the fastest of ``rounds``)."""
+    torch.set_num_threads(1)
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    variants = [("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)]
+    rows = []
+    for name in names:
+        recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
+        data = build_dataset(recipe.data, recipe.folder)
+        batch = recipe.trainer.batch_size
+        shipped = recipe.trainer.precision if build_model(recipe, data).noise_conditioned else \
+            recipe.trainer.sampler.precision
+        for device in devices:
+            times: dict[tuple[str, bool], list[float]] = {v: [] for v in variants}
+            for _ in range(rounds):  # alternate, so a drift in the machine's speed reaches every variant alike
+                for precision, native in variants:
+                    use_native_conv_grad(native)
+                    times[precision, native].append(training_iteration(recipe, data, batch, device, iters, precision))
+            use_native_conv_grad("cpu")
+            best = {v: min(t) for v, t in times.items()}
+            # the default against the float32 path within each round (adjacent in time), the median over rounds
+            ratios = sorted(a / b for a, b in zip(times["float32", False], times[shipped, True]))
+            best["ratios"] = ratios
+            where = "cpu, 1 thread" if device.type == "cpu" else torch.cuda.get_device_name()
+            if not native_bfloat16(device.type):
+                where += ", no bfloat16 arithmetic (runs float32)"
+            rows.append((name, where, batch, best, shipped))
+            print(rows[-1], flush=True)
+    lines = [
+        "## Second derivatives of convolutions",
+        "",
+        f"`python -m benchmarks.throughput --conv-grad --recipes {' '.join(names)} --iters {iters} --rounds {rounds}`"
+        f" on torch {torch.__version__}: seconds of one training iteration (`Trainer.train_step`) at the recipe's own"
+        " batch, with the convolutions' second derivatives by autograd's formulas (`use_native_conv_grad(False)`) and"
+        " by `composable_ebm.nets.conv.Conv2d`'s own, in float32 and in bfloat16 (`[trainer] precision` for a"
+        " denoising recipe, `[trainer.sampler] precision` for a contrastive-divergence recipe's chain), the fastest of"
+        f" {rounds} alternating measurements of {iters} iterations each. Default: the recipe's own precision with"
+        " `Conv2d`'s derivatives, against the eager float32 path with autograd's: the median, lowest and highest of"
+        " the rounds' ratios (each round's two measurements are minutes apart at most, so a drift in the machine's"
+        " speed reaches both alike).",
+        "",
+        "| recipe | device | batch | float32, autograd's | float32, own | bfloat16, autograd's | bfloat16, own |"
+        " default | default's speed-up (median; lowest-highest) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, where, batch, best, shipped in rows:
+        ratios = best["ratios"]
+        cells = " | ".join(f"{best[v]:.3f}" for v in variants)
+        lines.append(f"| {name} | {where} | {batch} | {cells} | {shipped}, own | {ratios[len(ratios) // 2]:.2f}x;"
+                     f" {ratios[0]:.2f}-{ratios[-1]:.2f}x |")
+    write_section("throughput-conv-grad", "\n".join(lines))
     print("\n".join(lines))
 
 
@@ -420,6 +485,10 @@ def main() -> None:
                              " network on random input; its training iteration needs CIFAR-10, so it is not timed)")
     parser.add_argument("--compile", action="store_true",
                         help="eager against torch.compile, into their own section (throughput-compile)")
+    parser.add_argument("--conv-grad", action="store_true",
+                        help="autograd's convolution derivatives against composable_ebm.nets.conv's, float32 and"
+                             " bfloat16, into their own section (throughput-conv-grad)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating measurements per cell (--conv-grad)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="eager against CUDA-graph chains on the GPU, into their own section"
                              " (throughput-cuda-graphs)")
@@ -434,6 +503,9 @@ def main() -> None:
         return
     if args.precision:
         precision_table(args.recipes or list(SHIPPED), args.iters)
+        return
+    if args.conv_grad:
+        conv_grad_table(args.recipes or [n for n in SHIPPED if not n.startswith("shapes-")], args.iters, args.rounds)
         return
     args.recipes = args.recipes or CD_RECIPES
     settings = [] if args.cuda_only else [("cpu", t) for t in args.threads]

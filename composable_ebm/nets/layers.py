@@ -16,6 +16,7 @@ from torch.nn.utils.parametrizations import spectral_norm as _spectral_norm
 
 from composable_ebm.energy import Labels, capturing, index_range
 from composable_ebm.errors import InvalidInputError
+from composable_ebm.nets.conv import Conv2d
 
 Norm = Literal["group", "instance", "none"]
 
@@ -28,22 +29,22 @@ class Swish(nn.Module):
         return F.silu(x)
 
 
-class WSConv2d(nn.Conv2d):
+class WSConv2d(Conv2d):
     """Conv2d with weight standardisation (zero mean, unit variance per output filter)."""
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Convolution with weights standardised per output channel."""
+    def filter(self) -> Tensor:
+        """The weights standardised per output channel."""
         w = self.weight
         mean = w.mean(dim=(1, 2, 3), keepdim=True)
         std = w.std(dim=(1, 2, 3), keepdim=True, unbiased=False) + 1e-5
-        return F.conv2d(x, (w - mean) / std, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return (w - mean) / std
 
 
 def conv(cin: int, cout: int, kernel: int, spectral: bool, standardize: bool) -> nn.Module:
     """A same-padding conv, optionally spectrally normalised or weight-standardised."""
     if spectral and standardize:
         raise ValueError("choose at most one of spectral_norm and weight_standardization")
-    cls = WSConv2d if standardize else nn.Conv2d
+    cls = WSConv2d if standardize else Conv2d
     layer = cls(cin, cout, kernel, padding=kernel // 2)
     return _spectral_norm(layer) if spectral else layer
 

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from composable_ebm.energy import Energy, Labels
 from composable_ebm.errors import InvalidInputError
+from composable_ebm.nets.conv import second_derivatives
 
 
 @dataclass
@@ -58,7 +59,8 @@ class DenoisingObjective(nn.Module):
         """The loss of predicting the noise ``z`` of ``noised`` (at levels ``sigma``, ``(B,)``) by ``sigma`` times
         the energy's input gradient, and the energies ``(B,)``."""
         noised = noised.detach().requires_grad_(True)
-        e = self.energy(noised, labels, sigma=sigma)
+        with second_derivatives():  # the input gradient is differentiated again
+            e = self.energy(noised, labels, sigma=sigma)
         (grad,) = torch.autograd.grad(e.sum(), noised, create_graph=True)
         return noise_prediction_loss(grad, sigma, z), e
 
