@@ -137,6 +137,15 @@ def training_iteration(recipe, data, batch: int, device: torch.device, iters: in
     return (time.perf_counter() - t) / iters
 
 
+def device_label(device: torch.device, bfloat16: bool = False) -> str:
+    """A one-thread table's device column: ``cpu, 1 thread`` or the GPU's name; with ``bfloat16``, saying where
+    bfloat16 fell back to float32 (with a warning) for want of the device's own bfloat16 arithmetic."""
+    where = "cpu, 1 thread" if device.type == "cpu" else torch.cuda.get_device_name()
+    if bfloat16 and not native_bfloat16(device.type):
+        where += ", no bfloat16 arithmetic (runs float32)"
+    return where
+
+
 def precision_table(names: list[str], iters: int) -> None:
     """A training iteration of each recipe at its own batch, float32 against bfloat16, alternated in one run."""
     torch.set_num_threads(1)
@@ -151,9 +160,7 @@ def precision_table(names: list[str], iters: int) -> None:
             for _ in range(2):  # alternate, so a drift in the machine's speed reaches both alike
                 for precision in times:
                     times[precision].append(training_iteration(recipe, data, batch, device, iters, precision))
-            where = "cpu, 1 thread" if device.type == "cpu" else torch.cuda.get_device_name()
-            if not native_bfloat16(device.type):  # bfloat16 fell back to float32 (with a warning): say so in the row
-                where += ", no bfloat16 arithmetic (runs float32)"
+            where = device_label(device, bfloat16=True)
             full, half = min(times["float32"]), min(times["bfloat16"])
             rows.append((name, where, batch, full, half))
             print(rows[-1], flush=True)
@@ -197,11 +204,7 @@ def conv_grad_table(names: list[str], iters: int, rounds: int) -> None:
             best = {v: min(t) for v, t in times.items()}
             # the default against the float32 path within each round (adjacent in time), the median over rounds
             ratios = sorted(a / b for a, b in zip(times["float32", False], times[shipped, True]))
-            best["ratios"] = ratios
-            where = "cpu, 1 thread" if device.type == "cpu" else torch.cuda.get_device_name()
-            if not native_bfloat16(device.type):
-                where += ", no bfloat16 arithmetic (runs float32)"
-            rows.append((name, where, batch, best, shipped))
+            rows.append((name, device_label(device, bfloat16=True), batch, best, ratios, shipped))
             print(rows[-1], flush=True)
     lines = [
         "## Second derivatives of convolutions",
@@ -220,8 +223,7 @@ def conv_grad_table(names: list[str], iters: int, rounds: int) -> None:
         " default | default's speed-up (median; lowest-highest) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, where, batch, best, shipped in rows:
-        ratios = best["ratios"]
+    for name, where, batch, best, ratios, shipped in rows:
         cells = " | ".join(f"{best[v]:.3f}" for v in variants)
         lines.append(f"| {name} | {where} | {batch} | {cells} | {shipped}, own | {ratios[len(ratios) // 2]:.2f}x;"
                      f" {ratios[0]:.2f}-{ratios[-1]:.2f}x |")
@@ -429,7 +431,7 @@ def compile_table(names: list[str], batches: list[int], iters: int, reps: int) -
             recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
             data = build_dataset(recipe.data, recipe.folder)
             for device in devices:
-                where = "cpu, 1 thread" if device.type == "cpu" else torch.cuda.get_device_name()
+                where = device_label(device)
                 if where not in peaks:  # the machine's speed in this run, so that runs on other days compare
                     peaks[where] = matmul_gflops(device)
                 for batch in batches:

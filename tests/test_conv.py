@@ -4,6 +4,7 @@ gradients a backward pass asks for."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -157,3 +158,16 @@ def test_the_state_dict_keys_are_nn_conv2ds():
     ours.load_state_dict(stock.state_dict(), strict=True)
     x = torch.rand(2, 3, 8, 8)
     assert torch.equal(ours(x), stock(x))
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_padding_mode_other_than_zeros_convolves_as_nn_conv2d_does(inside):
+    """A reflect-padded `Conv2d` gives nn.Conv2d's output, in and out of `second_derivatives()` (it runs nn.Conv2d's
+    own forward, which pads the input itself)."""
+    use_native_conv_grad(True)
+    stock = torch.nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
+    ours = Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
+    ours.load_state_dict(stock.state_dict())
+    x = torch.rand(2, 3, 8, 8, requires_grad=True)
+    with second_derivatives() if inside else contextlib.nullcontext():
+        assert torch.equal(ours(x), stock(x))

@@ -155,7 +155,7 @@ class Conv2d(nn.Conv2d):
                 or self.padding_mode != "zeros"
                 or isinstance(self.padding, str) or torch.compiler.is_compiling()
                 or not (x.requires_grad or w.requires_grad)):
-            return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
+            return self._conv_forward(x, w, b)  # nn.Conv2d's own (which pads a non-zero padding mode itself)
         if torch.is_autocast_enabled(device):  # as autocast runs conv2d: in its dtype, whatever the inputs'
             dtype = torch.get_autocast_dtype(device)
             x, w, b = x.to(dtype), w.to(dtype), (b.to(dtype) if b is not None else None)
