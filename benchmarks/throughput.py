@@ -45,14 +45,15 @@ again, which a compiled energy's backward cannot do, so its compiled iteration c
 (`CompiledDenoising`: the input gradient by ``torch.func.grad`` inside the graph). Where a compiled iteration fails
 on the platform, its row says why in one line instead of a time.
 
-With ``--conv-grad`` it times a training iteration of each denoising recipe (by default; the contrastive-divergence
-recipes' KL loss does not use `Conv2d`'s own derivatives) at its own batch on one CPU thread (CUDA too when
-present) with the convolutions' second derivatives by autograd's formulas against by `composable_ebm.nets.conv`'s own
-(`use_native_conv_grad`), in float32 and in bfloat16, alternating the four in one run, into the section
-``throughput-conv-grad``. Its first column is the eager float32 path the issue on throughput started from; its last
-compares the recipe's default now (its own precision, own derivatives) with it:
+With ``--derivatives`` it times a training iteration of each denoising recipe (by default; the
+contrastive-divergence recipes' KL loss does not use the layers' own derivatives) at its own batch on one CPU thread
+(CUDA too when present) with the second derivatives of the convolutions, group normalisations and SiLUs by autograd's
+formulas against by `composable_ebm.nets.derivatives`' own (`use_own_derivatives`), in float32 and in bfloat16,
+alternating the four in one run, into the section ``throughput-derivatives``. Its first column is the eager float32
+path the issue on throughput started from; its last compares the recipe's default now (its own precision, own
+derivatives) with it:
 
-    python -m benchmarks.throughput --conv-grad [--recipes ...] [--iters 3] [--rounds 3]
+    python -m benchmarks.throughput --derivatives [--recipes ...] [--iters 3] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks._report import write_section
 from benchmarks.sampling import _sync, matmul_gflops, step_flops, step_seconds
-from composable_ebm.nets.conv import use_native_conv_grad
+from composable_ebm.nets.derivatives import use_own_derivatives
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling.graphs import enabled as graphs_enabled
 from composable_ebm.sampling.transitions import native_bfloat16
@@ -181,9 +182,9 @@ def precision_table(names: list[str], iters: int) -> None:
     print("\n".join(lines))
 
 
-def conv_grad_table(names: list[str], iters: int, rounds: int) -> None:
-    """A training iteration of each recipe at its own batch: autograd's convolution derivatives against
-    `composable_ebm.nets.conv`'s, in float32 and bfloat16, alternated in one run (the fastest of ``rounds``)."""
+def derivatives_table(names: list[str], iters: int, rounds: int) -> None:
+    """A training iteration of each recipe at its own batch: autograd's second derivatives against
+    `composable_ebm.nets.derivatives`', in float32 and bfloat16, alternated in one run (the fastest of ``rounds``)."""
     torch.set_num_threads(1)
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     variants = [("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)]
@@ -196,27 +197,31 @@ def conv_grad_table(names: list[str], iters: int, rounds: int) -> None:
             recipe.trainer.sampler.precision
         for device in devices:
             times: dict[tuple[str, bool], list[float]] = {v: [] for v in variants}
-            for _ in range(rounds):  # alternate, so a drift in the machine's speed reaches every variant alike
-                for precision, native in variants:
-                    use_native_conv_grad(native)
+            compared = [("float32", False), (shipped, True)]  # the eager float32 path and the default
+            for i in range(rounds):  # alternate, so a drift in the machine's speed reaches every variant alike: the
+                # two compared back to back, in turns first, then the others
+                order = compared[::-1] if i % 2 else compared
+                for precision, native in order + [v for v in variants if v not in compared]:
+                    use_own_derivatives(native)
                     times[precision, native].append(training_iteration(recipe, data, batch, device, iters, precision))
-            use_native_conv_grad("cpu")
+            use_own_derivatives("cpu")
             best = {v: min(t) for v, t in times.items()}
-            # the default against the float32 path within each round (adjacent in time), the median over rounds
+            # the default against the float32 path within each round (back to back), the median over rounds
             ratios = sorted(a / b for a, b in zip(times["float32", False], times[shipped, True]))
             rows.append((name, device_label(device, bfloat16=True), batch, best, ratios, shipped))
             print(rows[-1], flush=True)
     lines = [
-        "## Second derivatives of convolutions",
+        "## The layers' own second derivatives",
         "",
-        f"`python -m benchmarks.throughput --conv-grad --recipes {' '.join(names)} --iters {iters} --rounds {rounds}`"
-        f" on torch {torch.__version__}: seconds of one training iteration (`Trainer.train_step`) at the recipe's own"
-        " batch, with the convolutions' second derivatives by autograd's formulas (`use_native_conv_grad(False)`) and"
-        " by `composable_ebm.nets.conv.Conv2d`'s own, in float32 and in bfloat16 (`[trainer] precision` for a"
-        " denoising recipe, `[trainer.sampler] precision` for a contrastive-divergence recipe's chain), the fastest of"
-        f" {rounds} alternating measurements of {iters} iterations each. Default: the recipe's own precision with"
-        " `Conv2d`'s derivatives, against the eager float32 path with autograd's: the median, lowest and highest of"
-        " the rounds' ratios (each round's two measurements are minutes apart at most, so a drift in the machine's"
+        f"`python -m benchmarks.throughput --derivatives --recipes {' '.join(names)} --iters {iters} --rounds"
+        f" {rounds}` on torch {torch.__version__}: seconds of one training iteration (`Trainer.train_step`) at the"
+        " recipe's own batch, with the second derivatives of the convolutions, group normalisations and SiLUs by"
+        " autograd's formulas (`use_own_derivatives(False)`) and by `composable_ebm.nets.derivatives`' own, in float32"
+        " and in bfloat16 (`[trainer] precision` for a denoising recipe, `[trainer.sampler] precision` for a"
+        f" contrastive-divergence recipe's chain), the fastest of {rounds} alternating measurements of {iters}"
+        " iterations each. Default: the recipe's own precision with the layers' own derivatives, against the eager"
+        " float32 path with autograd's: the median, lowest and highest of"
+        " the rounds' ratios (each round measures those two back to back, in turns first, so a drift in the machine's"
         " speed reaches both alike).",
         "",
         "| recipe | device | batch | float32, autograd's | float32, own | bfloat16, autograd's | bfloat16, own |"
@@ -227,7 +232,7 @@ def conv_grad_table(names: list[str], iters: int, rounds: int) -> None:
         cells = " | ".join(f"{best[v]:.3f}" for v in variants)
         lines.append(f"| {name} | {where} | {batch} | {cells} | {shipped}, own | {ratios[len(ratios) // 2]:.2f}x;"
                      f" {ratios[0]:.2f}-{ratios[-1]:.2f}x |")
-    write_section("throughput-conv-grad", "\n".join(lines))
+    write_section("throughput-derivatives", "\n".join(lines))
     print("\n".join(lines))
 
 
@@ -487,10 +492,10 @@ def main() -> None:
                              " network on random input; its training iteration needs CIFAR-10, so it is not timed)")
     parser.add_argument("--compile", action="store_true",
                         help="eager against torch.compile, into their own section (throughput-compile)")
-    parser.add_argument("--conv-grad", action="store_true",
-                        help="autograd's convolution derivatives against composable_ebm.nets.conv's, float32 and"
-                             " bfloat16, into their own section (throughput-conv-grad)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating measurements per cell (--conv-grad)")
+    parser.add_argument("--derivatives", action="store_true",
+                        help="autograd's second derivatives against composable_ebm.nets.derivatives', float32 and"
+                             " bfloat16, into their own section (throughput-derivatives)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating measurements per cell (--derivatives)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="eager against CUDA-graph chains on the GPU, into their own section"
                              " (throughput-cuda-graphs)")
@@ -506,8 +511,8 @@ def main() -> None:
     if args.precision:
         precision_table(args.recipes or list(SHIPPED), args.iters)
         return
-    if args.conv_grad:
-        conv_grad_table(args.recipes or [n for n in SHIPPED if not n.startswith("shapes-")], args.iters, args.rounds)
+    if args.derivatives:
+        derivatives_table(args.recipes or [n for n in SHIPPED if not n.startswith("shapes-")], args.iters, args.rounds)
         return
     args.recipes = args.recipes or CD_RECIPES
     settings = [] if args.cuda_only else [("cpu", t) for t in args.threads]

@@ -16,7 +16,7 @@ from torch.nn.utils.parametrizations import spectral_norm as _spectral_norm
 
 from composable_ebm.energy import Labels, capturing, index_range
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.nets.conv import Conv2d
+from composable_ebm.nets.derivatives import Conv2d, GroupNorm, silu
 
 Norm = Literal["group", "instance", "none"]
 
@@ -26,7 +26,7 @@ class Swish(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x * sigmoid(x)``."""
-        return F.silu(x)
+        return silu(x)
 
 
 class WSConv2d(Conv2d):
@@ -55,9 +55,9 @@ def norm_layer(kind: Norm, channels: int, groups: int) -> nn.Module:
         g = min(groups, channels)
         while channels % g:
             g -= 1
-        return nn.GroupNorm(g, channels)
+        return GroupNorm(g, channels)
     if kind == "instance":
-        return nn.GroupNorm(channels, channels)  # instance norm with affine, as one GroupNorm
+        return GroupNorm(channels, channels)  # instance norm with affine, as one GroupNorm
     if kind == "none":
         return nn.Identity()
     raise ValueError(f"unknown norm {kind!r}; valid choices: ['group', 'instance', 'none']")

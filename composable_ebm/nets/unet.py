@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from composable_ebm.configs import MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_range, check_size
 from composable_ebm.energy import Energy, Labels, noise_levels
 from composable_ebm.errors import InvalidInputError
+from composable_ebm.nets.derivatives import GroupNorm, silu
 from composable_ebm.nets.layers import AttributeCodes, ResBlock, Swish, conv
 from composable_ebm.nets.registry import NETWORKS
 from composable_ebm.nets.transforms import apply, build_transforms
@@ -142,7 +143,7 @@ class DenoisingUNetEnergy(Pretrained, AttributeCodes, Energy):
                 width = out
             if level > 0:
                 self.up.append(nn.Upsample(scale_factor=2, mode="nearest"))
-        self.out_norm = nn.GroupNorm(math.gcd(c.groups, width), width)
+        self.out_norm = GroupNorm(math.gcd(c.groups, width), width)
         self.out = conv(width, c.in_channels, 3, False, False)
         self.transforms = build_transforms(c.input_transforms)
 
@@ -171,7 +172,7 @@ class DenoisingUNetEnergy(Pretrained, AttributeCodes, Energy):
         h = self.middle(h, emb)
         for layer in self.up:
             h = layer(h) if isinstance(layer, nn.Upsample) else layer(torch.cat([h, skips.pop()], dim=1), emb)
-        return self.out(F.silu(self.out_norm(h))) * c_in.rsqrt()
+        return self.out(silu(self.out_norm(h))) * c_in.rsqrt()
 
     def energy(self, x: Tensor, labels: Labels | None, sigma: Tensor | None = None) -> Tensor:
         """``||f||^2 / (2 sigma)``, ``(B,)``; without a level, at ``sigma_min``."""

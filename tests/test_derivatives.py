@@ -1,6 +1,6 @@
-"""`composable_ebm.nets.conv.Conv2d`: its own first and second derivatives equal autograd's, in float64 exactly
-enough for gradcheck, in float32 within 1e-5 on the losses that train the shipped networks, and it computes only the
-gradients a backward pass asks for."""
+"""`composable_ebm.nets.derivatives`: `Conv2d`'s, `GroupNorm`'s and `silu`'s own first and second derivatives
+equal autograd's, in float64 exactly enough for gradcheck, in float32 within 1e-5 on the loss that trains the shipped
+noise-conditioned networks, and they compute only the gradients a backward pass asks for."""
 
 from __future__ import annotations
 
@@ -13,17 +13,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from composable_ebm.nets import conv as conv_module
-from composable_ebm.nets.conv import Conv2d, native_conv_grad, second_derivatives, use_native_conv_grad
+from composable_ebm.nets import derivatives
+from composable_ebm.nets.derivatives import (
+    Conv2d,
+    GroupNorm,
+    own_derivatives,
+    second_derivatives,
+    silu,
+    use_own_derivatives,
+)
 from composable_ebm.nets.unet import DenoisingUNetConfig, DenoisingUNetEnergy
 from composable_ebm.training.denoising import DenoisingObjective
 
 
 @pytest.fixture(autouse=True)
 def _restore_setting():
-    before = conv_module._setting
+    before = derivatives._setting
     yield
-    conv_module._setting = before
+    derivatives._setting = before
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -39,15 +46,15 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_first_and_second_derivatives_pass_gradcheck(geometry):
     """gradcheck and gradgradcheck (finite differences, float64) of the convolution with its own derivatives, for
     strides, dilation and groups: the input gradient and its derivatives in the input, the weights and the bias."""
-    use_native_conv_grad(True)
+    use_own_derivatives(True)
     layer = Conv2d(4, 6, 3, **geometry).double()
-    geo = conv_module._Geometry(layer.stride, layer.padding, layer.dilation, layer.groups)
+    geo = derivatives._Geometry(layer.stride, layer.padding, layer.dilation, layer.groups)
     x = torch.randn(2, 4, 7, 7, dtype=torch.float64, requires_grad=True)
     w = layer.weight.detach().clone().requires_grad_(True)
     b = layer.bias.detach().clone().requires_grad_(True)
 
     def conv(x, w, b):  # the functional form, so gradcheck perturbs the weights and the bias too
-        return conv_module._Conv.apply(x.view_as(x), w.view_as(w), b.view_as(b), geo)
+        return derivatives._Conv.apply(x.view_as(x), w.view_as(w), b.view_as(b), geo)
 
     assert torch.autograd.gradcheck(conv, (x, w, b))
     assert torch.autograd.gradgradcheck(conv, (x, w, b))
@@ -57,7 +64,7 @@ def test_first_and_second_derivatives_pass_gradcheck(geometry):
 
 
 def _denoising_grads(native: bool, dtype: torch.dtype | None = None) -> tuple[float, torch.Tensor]:
-    use_native_conv_grad(native)
+    use_own_derivatives(native)
     torch.manual_seed(0)
     config = DenoisingUNetConfig(image_size=8, channels=(8, 16), embedding=16, groups=4, attributes={"a": ("x", "y")},
                                  null_condition=True)
@@ -65,6 +72,10 @@ def _denoising_grads(native: bool, dtype: torch.dtype | None = None) -> tuple[fl
     for p in model.parameters():  # FiLM starts at zero: draw the dense layers' weights, so every one has a gradient
         if p.ndim == 2:
             torch.nn.init.normal_(p, std=0.2)
+    for m in model.modules():  # and the normalisations' gains and shifts, so no gain is 1 everywhere
+        if isinstance(m, GroupNorm):
+            torch.nn.init.normal_(m.weight, 1.0, 0.3)
+            torch.nn.init.normal_(m.bias, 0.0, 0.3)
     objective = DenoisingObjective(model)
     x = torch.rand(6, 3, 8, 8)
     labels = {"a": torch.tensor([0, 1, -1, 0, 1, -1])}
@@ -75,8 +86,9 @@ def _denoising_grads(native: bool, dtype: torch.dtype | None = None) -> tuple[fl
 
 
 def test_the_denoising_loss_reaches_autograds_gradients():
-    """The denoising loss (an input gradient differentiated again) of a U-Net energy, float32: the same loss, and
-    parameter gradients within 1e-5 (relative) of autograd's own formulas."""
+    """The denoising loss (an input gradient differentiated again) of a U-Net energy (convolutions, group
+    normalisations and SiLUs), float32: the same loss, and parameter gradients within 1e-5 (relative) of autograd's
+    own formulas."""
     loss_native, grads_native = _denoising_grads(True)
     loss_autograd, grads_autograd = _denoising_grads(False)
     assert loss_native == loss_autograd
@@ -84,10 +96,10 @@ def test_the_denoising_loss_reaches_autograds_gradients():
 
 
 def test_under_autocast_the_convolution_runs_at_autocasts_dtype():
-    """In bfloat16 autocast the convolution's output is bfloat16, as conv2d's is, and the denoising loss's
-    gradients agree with autograd's in bfloat16 within 1e-2 (bfloat16's rounding), and are no further from float32's
-    than autograd's bfloat16 gradients are."""
-    use_native_conv_grad(True)
+    """In bfloat16 autocast the convolution's output is bfloat16, as conv2d's is. The denoising loss's gradients in
+    bfloat16 are no further from float32's than autograd's bfloat16 gradients are (about 5% here, bfloat16's
+    rounding), and differ from those by less than half that distance."""
+    use_own_derivatives(True)
     layer = Conv2d(3, 4, 3, padding=1)
     x = torch.rand(2, 3, 8, 8, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16), second_derivatives():
@@ -96,17 +108,17 @@ def test_under_autocast_the_convolution_runs_at_autocasts_dtype():
     _, native = _denoising_grads(True, torch.bfloat16)
     _, stock = _denoising_grads(False, torch.bfloat16)
     _, full = _denoising_grads(False)
-    assert _rel(native, stock) < 1e-2
     assert _rel(native, full) < 1.25 * _rel(stock, full)  # no further from float32 than autograd's bfloat16
+    assert _rel(native, stock) < 0.5 * _rel(stock, full)
 
 
 def test_taking_only_the_input_gradient_runs_no_weight_gradient(monkeypatch):
     """``autograd.grad`` of the energy in the input alone (as the samplers and the first pass of the denoising loss
     take it) computes no weight gradient; ``backward()`` computes them."""
-    use_native_conv_grad(True)
+    use_own_derivatives(True)
     calls = []
-    real = conv_module.conv2d_weight
-    monkeypatch.setattr(conv_module, "conv2d_weight", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = derivatives.conv2d_weight
+    monkeypatch.setattr(derivatives, "conv2d_weight", lambda *a, **k: calls.append(1) or real(*a, **k))
     layer = Conv2d(3, 4, 3, padding=1)
     x = torch.rand(2, 3, 8, 8, requires_grad=True)
     with second_derivatives():
@@ -121,7 +133,7 @@ def test_taking_only_the_input_gradient_runs_no_weight_gradient(monkeypatch):
 def test_outside_second_derivatives_the_convolution_is_conv2d_itself():
     """A sampling chain's evaluations (first derivatives only) record conv2d's own backward node, with no Python-level
     derivatives; inside `second_derivatives()` the layer records its own."""
-    use_native_conv_grad(True)
+    use_own_derivatives(True)
     layer = Conv2d(3, 4, 3, padding=1)
     x = torch.rand(2, 3, 8, 8, requires_grad=True)
     assert type(layer(x).grad_fn).__name__ == "ConvolutionBackward0"
@@ -132,23 +144,23 @@ def test_outside_second_derivatives_the_convolution_is_conv2d_itself():
 
 def test_the_setting_defaults_to_the_cpu_and_refuses_other_values():
     """On the CPU only by default; True, False and 'cpu' switch it; anything else is one line naming the choices."""
-    use_native_conv_grad("cpu")
-    assert native_conv_grad("cpu") and not native_conv_grad("cuda")
-    use_native_conv_grad(True)
-    assert native_conv_grad("cuda")
-    use_native_conv_grad(False)
-    assert not native_conv_grad("cpu")
+    use_own_derivatives("cpu")
+    assert own_derivatives("cpu") and not own_derivatives("cuda")
+    use_own_derivatives(True)
+    assert own_derivatives("cuda")
+    use_own_derivatives(False)
+    assert not own_derivatives("cpu")
     with pytest.raises(ValueError, match=r"True, False or 'cpu'"):
-        use_native_conv_grad("gpu")
+        use_own_derivatives("gpu")
 
 
 def test_an_unknown_environment_setting_is_one_line_naming_the_choices():
-    """``CEBM_NATIVE_CONV_GRAD`` other than 0, 1 or cpu stops the import of the networks with one line that names
+    """``CEBM_OWN_DERIVATIVES`` other than 0, 1 or cpu stops the import of the networks with one line that names
     them."""
     result = subprocess.run([sys.executable, "-c", "import composable_ebm.nets"], capture_output=True, text=True,
-                            env={**os.environ, "CEBM_NATIVE_CONV_GRAD": "yes"}, timeout=120)
+                            env={**os.environ, "CEBM_OWN_DERIVATIVES": "yes"}, timeout=120)
     assert result.returncode != 0
-    assert "CEBM_NATIVE_CONV_GRAD='yes' is not a valid setting; valid choices: ['0', '1', 'cpu']" in result.stderr
+    assert "CEBM_OWN_DERIVATIVES='yes' is not a valid setting; valid choices: ['0', '1', 'cpu']" in result.stderr
 
 
 def test_the_state_dict_keys_are_nn_conv2ds():
@@ -164,10 +176,82 @@ def test_the_state_dict_keys_are_nn_conv2ds():
 def test_a_padding_mode_other_than_zeros_convolves_as_nn_conv2d_does(inside):
     """A reflect-padded `Conv2d` gives nn.Conv2d's output, in and out of `second_derivatives()` (it runs nn.Conv2d's
     own forward, which pads the input itself)."""
-    use_native_conv_grad(True)
+    use_own_derivatives(True)
     stock = torch.nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
     ours = Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
     ours.load_state_dict(stock.state_dict())
     x = torch.rand(2, 3, 8, 8, requires_grad=True)
     with second_derivatives() if inside else contextlib.nullcontext():
         assert torch.equal(ours(x), stock(x))
+
+
+def _group_norm(groups: int):
+    def apply(x, w, b):  # the functional form, so gradcheck perturbs the gains and shifts too
+        views = [t.view_as(t) if t is not None else None for t in (x, w, b)]
+        return derivatives._GroupNorm.apply(*views, groups, 1e-5)
+    return apply
+
+
+@pytest.mark.parametrize("shape, groups, affine", [
+    ((2, 6, 3, 3), 3, True),
+    ((2, 6, 3, 3), 2, False),
+    ((3, 4, 5), 4, True),  # instance norm of a sequence
+    ((4, 6), 3, True),  # features without space
+])
+def test_group_norm_derivatives_pass_gradcheck(shape, groups, affine):
+    """gradcheck and gradgradcheck (float64) of group normalisation with its own derivatives, with and without
+    gains and shifts, and on inputs other than images; the input's mean far from zero, as a convolution's output may
+    be."""
+    use_own_derivatives(True)
+    torch.manual_seed(0)
+    x = (torch.randn(shape, dtype=torch.float64) * 2 + 3).requires_grad_(True)
+    w = torch.randn(shape[1], dtype=torch.float64, requires_grad=True) if affine else None
+    b = torch.randn(shape[1], dtype=torch.float64, requires_grad=True) if affine else None
+    inputs = (x, w, b) if affine else (x,)
+    fn = _group_norm(groups) if affine else (lambda x: _group_norm(groups)(x, None, None))
+    assert torch.autograd.gradcheck(fn, inputs)
+    assert torch.autograd.gradgradcheck(fn, inputs)
+
+
+def test_silu_derivatives_pass_gradcheck():
+    """gradcheck and gradgradcheck (float64) of SiLU with its own derivatives, over inputs of both signs."""
+    use_own_derivatives(True)
+    x = torch.linspace(-6, 6, 25, dtype=torch.float64).view(5, 5).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: derivatives._SiLU.apply(x.view_as(x)), (x,))
+    assert torch.autograd.gradgradcheck(lambda x: derivatives._SiLU.apply(x.view_as(x)), (x,))
+
+
+def test_group_norm_and_silu_are_the_stock_layers_outside_and_their_own_inside():
+    """Outside `second_derivatives()` (a sampling chain) `GroupNorm` and `silu` record the stock backward nodes;
+    inside, their own, with outputs equal to the stock layers'."""
+    use_own_derivatives(True)
+    layer, stock = GroupNorm(2, 4), torch.nn.GroupNorm(2, 4)
+    torch.nn.init.normal_(layer.weight)
+    stock.load_state_dict(layer.state_dict(), strict=True)
+    x = torch.randn(2, 4, 5, 5, requires_grad=True)
+    assert type(layer(x).grad_fn).__name__ == "NativeGroupNormBackward0"
+    assert type(silu(x).grad_fn).__name__ == "SiluBackward0"
+    with second_derivatives():
+        assert type(layer(x).grad_fn).__name__ == "_GroupNormBackward"
+        assert type(silu(x).grad_fn).__name__ == "_SiLUBackward"
+        assert torch.equal(layer(x), stock(x))
+        assert torch.equal(silu(x), F.silu(x))
+        (gx,) = torch.autograd.grad(silu(layer(x)).pow(2).sum(), x)
+    (gx_stock,) = torch.autograd.grad(F.silu(stock(x)).pow(2).sum(), x)
+    assert torch.allclose(gx, gx_stock, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_under_autocast_group_norm_runs_in_the_dtype_autocast_gives_it(dtype):
+    """Under bfloat16 autocast `GroupNorm` returns the dtype ``nn.GroupNorm`` returns there, for a bfloat16 input
+    and for a float32 one, with the same values."""
+    use_own_derivatives(True)
+    layer, stock = GroupNorm(2, 4), torch.nn.GroupNorm(2, 4)
+    x = torch.randn(2, 4, 5, 5, dtype=dtype, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = stock(x)
+        with second_derivatives():
+            out = layer(x)
+    assert type(out.grad_fn).__name__ == "_GroupNormBackward"
+    assert out.dtype == expected.dtype
+    assert torch.equal(out, expected)
