@@ -255,3 +255,21 @@ def test_under_autocast_group_norm_runs_in_the_dtype_autocast_gives_it(dtype):
     assert type(out.grad_fn).__name__ == "_GroupNormBackward"
     assert out.dtype == expected.dtype
     assert torch.equal(out, expected)
+
+
+def test_group_norm_of_a_channels_last_input_matches_autograds_second_derivatives():
+    """A channels-last input (not contiguous in the channels-first layout): the input and gain gradients
+    differentiated again, in the input and in the gains and shifts, equal autograd's."""
+    torch.manual_seed(0)
+    layer = GroupNorm(2, 4).double()
+    torch.nn.init.normal_(layer.weight)
+    x = torch.randn(3, 4, 5, 5, dtype=torch.float64).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+
+    def grads(own: bool) -> list[torch.Tensor]:
+        use_own_derivatives(own)
+        with second_derivatives():
+            gx, gw = torch.autograd.grad(layer(x).sin().sum(), (x, layer.weight), create_graph=True)
+            return list(torch.autograd.grad(gx.pow(2).sum() + gw.pow(2).sum(), (x, layer.weight, layer.bias)))
+
+    for own, stock in zip(grads(True), grads(False)):
+        assert torch.allclose(own, stock, atol=1e-10)

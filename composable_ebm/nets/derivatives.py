@@ -298,9 +298,9 @@ class _GroupNorm(torch.autograd.Function):
         gx = _GroupNormInputGrad.apply(_view(gy), x, w, mean, rstd, groups) if want[0] else None
         gw = gb = None
         if want[1] or want[2]:  # differentiable: gamma's gradient is the sum of gy x^, beta's the sum of gy
-            grouped = x.view(n, groups, -1)
+            grouped = x.reshape(n, groups, -1)
             var, mu = torch.var_mean(grouped, -1, correction=0, keepdim=True)
-            x_hat = ((grouped - mu) * (var + ctx.eps).rsqrt()).view_as(x)
+            x_hat = ((grouped - mu) * (var + ctx.eps).rsqrt()).reshape(x.shape)
             dims = [0, *range(2, x.dim())]
             gw = (gy * x_hat).sum(dims).to(w.dtype) if want[1] else None
             gb = gy.sum(dims).to(w.dtype) if want[2] else None
