@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 from pathlib import Path
 
@@ -164,7 +165,8 @@ def main() -> None:
         f"## {args.title}",
         "",
         f"`python -m benchmarks.realism --n {args.n} --coverage-n {args.coverage_n} --label {args.label} --split {args.split}"
-        + (f" --models {' '.join(args.models)} --names {' '.join(args.names)}" if args.names is not None else "") + "`"
+        + (f" --models {' '.join(args.models)} --names {' '.join(args.names)}" if args.names is not None else "")
+        + (f" --section {args.section} --title {shlex.quote(args.title)}" if args.section != "realism" else "") + "`"
         f" on {machine()}. {args.n} samples"
         " per value with the model's",
         "default settings against fresh renders of that value ("
