@@ -40,6 +40,34 @@ def test_the_same_seed_renders_the_same_bytes_and_another_seed_other_faces(cache
 
 
 @needs_node
+def test_a_cache_folder_another_process_renders_first_is_kept_and_a_users_folder_is_refused(cache, tmp_path,
+                                                                                           monkeypatch):
+    import subprocess
+
+    from composable_ebm.data.faces import faces_folder
+
+    folder = faces_folder(6, seed=3)  # the renderer and one rendered folder, as another process leaves them
+    rendered = {p.name: p.read_bytes() for p in folder.iterdir()}
+    target = {"path": folder}
+    real_run = subprocess.run
+
+    def race(args, **kwargs):  # renders into the staging folder, then the other process's folder lands first
+        done = real_run(args, **kwargs)
+        shutil.copytree(tmp_path / "theirs", target["path"])
+        return done
+
+    shutil.copytree(folder, tmp_path / "theirs")
+    shutil.rmtree(folder)
+    monkeypatch.setattr(subprocess, "run", race)
+    assert faces_folder(6, seed=3) == folder  # no error: the folder that landed first is kept
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == rendered
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}-")]  # no staging left
+    target["path"] = tmp_path / "mine"
+    with pytest.raises(InvalidInputError, match="appeared while the faces were rendering"):
+        render_faces(tmp_path / "mine", 6, seed=3)
+
+
+@needs_node
 def test_faces_carry_four_independent_balanced_attributes_and_the_held_out_triple_is_left_out(cache):
     data = faces(400, seed=0, size=16)
     assert data.images.shape == (400, 3, 16, 16) and data.attributes == FACES_ATTRIBUTES

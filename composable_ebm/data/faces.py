@@ -83,8 +83,11 @@ def _renderer() -> Path:
     return home
 
 
-def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16) -> Path:
-    """Render ``n`` faces into the folder ``out`` (written beside it and moved into place whole); returns it."""
+def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, shared: bool = False) -> Path:
+    """Render ``n`` faces into the folder ``out`` (written beside it and moved into place whole); returns it.
+
+    ``shared``: ``out`` is a cache folder other processes may render at the same time; where one of them moves its
+    folder into place first, that one is kept (the same arguments render the same bytes)."""
     for name, value, low, high in (("n", n, 1, 1 << 24), ("seed", seed, 0, 2**31 - 1), ("size", size, 8, 512)):
         check_size("render_faces", name, value, low=low, high=high)
     out = Path(out)
@@ -99,7 +102,14 @@ def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16) -> Path
                               capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
             raise RunFailure(f"rendering faces failed: {' '.join((done.stderr or done.stdout).split())[-300:]}")
-        os.replace(staging, out)
+        try:
+            os.replace(staging, out)
+        except OSError as err:
+            if not out.exists():
+                raise
+            if not shared:
+                raise InvalidInputError(f"{out} appeared while the faces were rendering (another process wrote it);"
+                                        " render faces into a new folder (or remove it)") from err
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -110,7 +120,7 @@ def faces_folder(n: int, seed: int = 0, size: int = 16) -> Path:
     """The rendered folder of ``n`` faces from ``seed`` at ``size``, rendered into the cache the first time."""
     folder = cache_root() / f"faces-{renderer_digest()}-n{n}-seed{seed}-size{size}"
     if not (folder / "list_attr_celeba.txt").is_file():
-        render_faces(folder, n, seed, size)
+        render_faces(folder, n, seed, size, shared=True)
     return folder
 
 
