@@ -371,16 +371,16 @@ class CompiledDenoising(DenoisingObjective):
         super().__init__(energy)
         self._compiled = torch.compile(self._noise_prediction, dynamic=False, backend=backend)
 
-    def _noise_prediction(self, noised, sigma, z, labels):
+    def _noise_prediction(self, noised, sigma, z, labels, weight):
         def total(x):
             e = self.energy(x, labels, sigma=sigma)
             return e.sum(), e
 
         grad, e = torch.func.grad(total, has_aux=True)(noised)
-        return noise_prediction_loss(grad, sigma, z), e
+        return noise_prediction_loss(grad, sigma, z, weight), e
 
-    def noise_prediction(self, noised, sigma, z, labels):
-        return self._compiled(noised.detach(), sigma, z, labels)
+    def noise_prediction(self, noised, sigma, z, labels, weight=None):
+        return self._compiled(noised.detach(), sigma, z, labels, weight)
 
 
 def _step_and_grad(model, x, labels) -> tuple[float, torch.Tensor]:

@@ -5,6 +5,7 @@ commands as contrastive-divergence models."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from composable_ebm.nets.unet import DenoisingUNetConfig, DenoisingUNetEnergy
 from composable_ebm.pipeline import plan
 from composable_ebm.sampling import NoiseLadder, SamplerConfig, sample
 from composable_ebm.training import Trainer, TrainerConfig
+from composable_ebm.training.denoising import DenoisingObjective, edm_weights
 from tests.test_energy import randomize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,3 +295,51 @@ def test_a_models_guidance_interval_is_saved_with_it_and_reaches_its_guided_term
     assert cebm.load(str(tmp_path / "m")).sampling_defaults.guidance_interval == (0.0, 0.3)
     shown = runner.invoke(app, ["info", str(tmp_path / "m")])
     assert shown.exit_code == 0 and "3 at noise levels (0, 0.3], 1 elsewhere (alone too)" in shown.output
+
+
+def test_the_edm_weighting_grows_with_the_level_and_averages_one_over_the_levels_trained_on():
+    low, high, sigma_data = 0.01, 1.0, 0.3
+    u = torch.rand(200_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    sigma = torch.exp(math.log(low) + u * (math.log(high) - math.log(low)))  # as DenoisingObjective draws them
+    weights = edm_weights(sigma, sigma_data, low, high)
+    assert abs(float(weights.mean()) - 1) < 0.01
+    ends = edm_weights(torch.tensor([low, high]), sigma_data, low, high)
+    assert float(ends[1] / ends[0]) == pytest.approx((1 + high**2 / sigma_data**2) / (1 + low**2 / sigma_data**2))
+    assert float(edm_weights(torch.tensor([0.5]), 0.5, 0.5, 0.5)) == pytest.approx(1.0)  # one level: weight 1
+
+
+def test_the_edm_weighted_loss_weighs_each_items_squared_error_by_its_level():
+    torch.manual_seed(0)
+    model = tiny_unet(attributes={}, null_condition=False, sigma_data=0.25)
+    x = torch.rand(6, 3, 8, 8)
+    losses = {}
+    for weighting in ("noise", "edm"):
+        objective = DenoisingObjective(model, weighting)
+        losses[weighting] = objective(x, None, torch.Generator().manual_seed(3)).loss.detach()
+    g = torch.Generator().manual_seed(3)  # the objective's draws, repeated
+    u = torch.rand(6, generator=g)
+    sigma = torch.exp(math.log(model.config.sigma_min) + u * (math.log(model.config.sigma_max)
+                                                              - math.log(model.config.sigma_min)))
+    z = torch.randn(x.shape, generator=g)
+    noised = (x + sigma.view(-1, 1, 1, 1) * z).requires_grad_(True)
+    (grad,) = torch.autograd.grad(model(noised, sigma=sigma).sum(), noised)
+    error = (sigma.view(-1, 1, 1, 1) * grad - z).pow(2).mean(dim=(1, 2, 3))
+    weight = edm_weights(sigma, 0.25, model.config.sigma_min, model.config.sigma_max)
+    assert float(losses["noise"]) == pytest.approx(float(error.mean()), rel=1e-4)
+    assert float(losses["edm"]) == pytest.approx(float((weight * error).mean()), rel=1e-4)
+    assert abs(float(losses["edm"]) - float(losses["noise"])) > 1e-3 * float(losses["noise"])
+
+
+def test_the_loss_weighting_is_checked_in_one_line():
+    class Levelled(NoisedGaussianEnergy):
+        noise_range = (0.01, 1.0)  # a noise-conditioned energy that states no sigma_data
+
+    with pytest.raises(InvalidInputError, match="states no sigma_data; valid choices: 'noise'"):
+        DenoisingObjective(Levelled(torch.zeros(2), torch.eye(2)), "edm")
+    with pytest.raises(InvalidInputError, match=r"unknown loss weighting 'l1'; valid choices: \['noise', 'edm'\]"):
+        DenoisingObjective(tiny_unet(), "l1")
+    with pytest.raises(InvalidInputError, match=r"loss_weighting 'snr'; valid choices: \['noise', 'edm'\]"):
+        TrainerConfig(loss_weighting="snr")
+    trainer = Trainer(tiny_unet(attributes={}, null_condition=False), torch.rand(16, 3, 8, 8),
+                      TrainerConfig(steps=2, batch_size=4, loss_weighting="edm"))
+    assert trainer.objective.weighting == "edm" and math.isfinite(trainer.train_step().loss_dsm)

@@ -156,6 +156,11 @@ class DenoisingUNetEnergy(Pretrained, AttributeCodes, Energy):
         """The lowest and highest noise levels it is trained on."""
         return self.config.sigma_min, self.config.sigma_max
 
+    @property
+    def sigma_data(self) -> float:
+        """The data's standard deviation its preconditioning assumes (``DenoisingUNetConfig.sigma_data``)."""
+        return self.config.sigma_data
+
     def residual(self, x: Tensor, sigma: Tensor, labels: Labels | None) -> Tensor:
         """``f(x, sigma, y)``, the shape of ``x``: the energy is half its squared norm over ``sigma``."""
         c = self.config

@@ -20,6 +20,7 @@ RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every", "precis
 # that value resumes as if the setting had never been there
 REMOVED_SETTINGS = {"negative_labels": "positives"}
 LR_SCHEDULES = ("constant", "cosine")
+LOSS_WEIGHTINGS = ("noise", "edm")
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,12 @@ class TrainerConfig(JSONConfig):
     """Write the full training state every this many steps."""
     seed: int = 0
     """Seeds the network's initialisation, the data order, chains and augmentations."""
+    loss_weighting: Literal["noise", "edm"] = "noise"
+    """How a noise-conditioned model's denoising loss weighs its noise levels: `noise`, the squared error of the
+    predicted noise at every level alike (Ho et al. 2020); `edm`, that error times ``1 + sigma^2 / sigma_data^2``,
+    which is Karras et al. 2022's weighting of the denoised image's error (the high levels, where an image's layout
+    and colours are decided, count more), scaled to a mean of 1 over the levels trained on. `edm` needs a model that
+    states its ``sigma_data``."""
     precision: Literal["float32", "bfloat16"] = "float32"
     """Arithmetic of a noise-conditioned model's denoising loss: `bfloat16` runs it under autocast (matrix products
     and convolutions in bfloat16; weights, optimiser, EMA and the loss in float32). Falls back to float32, with a
@@ -133,6 +140,9 @@ class TrainerConfig(JSONConfig):
         if self.lr_schedule not in LR_SCHEDULES:
             raise InvalidInputError(f"unknown TrainerConfig.lr_schedule {self.lr_schedule!r}; valid choices:"
                                     f" {list(LR_SCHEDULES)}")
+        if self.loss_weighting not in LOSS_WEIGHTINGS:
+            raise InvalidInputError(f"unknown TrainerConfig.loss_weighting {self.loss_weighting!r}; valid choices:"
+                                    f" {list(LOSS_WEIGHTINGS)}")
         check_range(owner, "lr_min", self.lr_min, 0.0, self.lr)
         check_size(owner, "warmup_steps", self.warmup_steps, low=0, high=1 << 40)
         for i, beta in enumerate(self.betas):

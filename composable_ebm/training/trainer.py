@@ -105,7 +105,7 @@ class Trainer(TrainingState):
             raise InvalidInputError(
                 f"TrainerConfig.precision {config.precision!r} sets the denoising loss of a noise-conditioned model;"
                 " a contrastive-divergence chain's arithmetic is [trainer.sampler] precision (valid: float32, bfloat16)")
-        self.objective: nn.Module = (DenoisingObjective(self.energy) if self.denoising
+        self.objective: nn.Module = (DenoisingObjective(self.energy, config.loss_weighting) if self.denoising
                                      else ImprovedCDObjective(self.energy, config))
         if self.distributed:
             self.objective = nn.parallel.DistributedDataParallel(
