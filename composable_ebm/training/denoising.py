@@ -10,7 +10,7 @@ That weighting counts a level's error in the denoised image ``x - sigma^2 dE/dx`
 levels, where the chains decide an image's layout and colours, count least. ``weighting="edm"`` multiplies each
 level's loss by ``1 + sigma^2 / sigma_data^2``, which is the weighting of Karras et al. 2022 ("Elucidating the
 Design Space of Diffusion-Based Generative Models", Eq. 8 with their ``lambda(sigma)``, written on the noise), divided
-by its mean over the levels drawn so the loss keeps the scale of the plain one.
+by its mean over the levels drawn, so the weights average 1.
 """
 
 from __future__ import annotations
