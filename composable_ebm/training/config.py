@@ -13,6 +13,7 @@ from composable_ebm.configs import JSONConfig, check_range, check_size
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling import AugmentConfig, SamplerConfig
 from composable_ebm.sampling.transitions import PRECISIONS
+from composable_ebm.training.denoising import WEIGHTINGS
 
 # settings a resume may change without being asked: how long to train, how often to log or save, and the arithmetic
 RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every", "precision"})
@@ -20,7 +21,6 @@ RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every", "precis
 # that value resumes as if the setting had never been there
 REMOVED_SETTINGS = {"negative_labels": "positives"}
 LR_SCHEDULES = ("constant", "cosine")
-LOSS_WEIGHTINGS = ("noise", "edm")
 
 
 @dataclass(frozen=True)
@@ -140,9 +140,9 @@ class TrainerConfig(JSONConfig):
         if self.lr_schedule not in LR_SCHEDULES:
             raise InvalidInputError(f"unknown TrainerConfig.lr_schedule {self.lr_schedule!r}; valid choices:"
                                     f" {list(LR_SCHEDULES)}")
-        if self.loss_weighting not in LOSS_WEIGHTINGS:
+        if self.loss_weighting not in WEIGHTINGS:
             raise InvalidInputError(f"unknown TrainerConfig.loss_weighting {self.loss_weighting!r}; valid choices:"
-                                    f" {list(LOSS_WEIGHTINGS)}")
+                                    f" {list(WEIGHTINGS)}")
         check_range(owner, "lr_min", self.lr_min, 0.0, self.lr)
         check_size(owner, "warmup_steps", self.warmup_steps, low=0, high=1 << 40)
         for i, beta in enumerate(self.betas):

@@ -64,7 +64,7 @@ class DenoisingObjective(nn.Module):
         if weighting not in WEIGHTINGS:
             raise InvalidInputError(f"unknown loss weighting {weighting!r}; valid choices: {list(WEIGHTINGS)}")
         self.weighting = weighting
-        self.sigma_data = getattr(energy, "sigma_data", None) if weighting == "edm" else None
+        self.sigma_data = getattr(energy, "sigma_data", None)
         if weighting == "edm" and not (isinstance(self.sigma_data, (int, float)) and self.sigma_data > 0):
             raise InvalidInputError(f"loss weighting 'edm' needs the data's standard deviation, and {energy.name}"
                                     " states no sigma_data; valid choices: 'noise', or a model with a sigma_data"
@@ -76,7 +76,7 @@ class DenoisingObjective(nn.Module):
         sigma = torch.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
         z = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
         noised = x + sigma.view((-1,) + (1,) * (x.ndim - 1)) * z
-        weight = None if self.sigma_data is None else edm_weights(sigma, self.sigma_data, self.low, self.high)
+        weight = edm_weights(sigma, self.sigma_data, self.low, self.high) if self.weighting == "edm" else None
         loss, e = self.noise_prediction(noised, sigma, z, labels, weight)
         return DenoisingOutput(loss, e.detach().mean())
 
