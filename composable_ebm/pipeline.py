@@ -22,12 +22,17 @@ A composite's settings come from its first part that has any, with these rules:
 - a guided sum keeps the part's step size and steps: each term's guidance moves the chain as far as that model
   moves it alone, over the chain its model was trained on;
 - augmentation transitions only when every part uses the same one and records (``augment_preserves``) that it
-  leaves the attributes the part is bound to unchanged.
+  leaves the attributes the part is bound to unchanged;
+- a noise ladder keeps to the levels every noise-conditioned part was trained on (`trained_levels`): a part's ladder
+  that starts above another part's highest level starts at that level instead, so no model is run where it never
+  learned, and the order of the terms does not change the levels' range. A ladder given by hand that leaves them
+  is sampled as given, with a warning naming the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -122,7 +127,50 @@ def _settings(energy: Energy, alone: bool) -> SamplingDefaults | None:
     sampler = dataclasses.replace(first.sampler, augment=first.sampler.augment if keeps else None)
     if isinstance(energy, WeightedSum):
         sampler = dataclasses.replace(sampler, step_size=sampler.step_size / len(energy.terms))
+    levels = trained_levels(energy)
+    if sampler.ladder is not None and levels is not None:
+        low, high = levels
+        ladder = sampler.ladder
+        high = min(ladder.sigma_max, high)
+        low = min(max(ladder.sigma_min, low), high)
+        sampler = dataclasses.replace(sampler, ladder=dataclasses.replace(ladder, sigma_min=low, sigma_max=high))
     return SamplingDefaults(sampler)
+
+
+def trained_levels(energy: Energy) -> tuple[float, float] | None:
+    """The noise levels every noise-conditioned model in ``energy`` was trained on: the overlap of their
+    ``noise_range`` (lowest, highest), None when none states one. Models trained on levels that do not overlap are
+    one line: no ladder runs all of them where they learned."""
+    ranges = _noise_ranges(energy)
+    if not ranges:
+        return None
+    low, high = max(lo for lo, _ in ranges.values()), min(hi for _, hi in ranges.values())
+    if low > high:
+        listed = ", ".join(f"{part.name} [{lo:g}, {hi:g}]" for part, (lo, hi) in ranges.items())
+        raise InvalidInputError(f"{energy.expression()} composes models trained on noise levels that do not overlap"
+                                f" ({listed}); valid choices: compose models whose noise ranges overlap")
+    return low, high
+
+
+def _noise_ranges(energy: Energy) -> dict[Energy, tuple[float, float]]:
+    """Each noise-conditioned model in ``energy`` that states the levels it was trained on, with them."""
+    out = {}
+    for part in leaves(energy):
+        found = getattr(part, "noise_range", None) if part.noise_conditioned else None
+        if found is not None:
+            out[part] = (float(found[0]), float(found[1]))
+    return out
+
+
+def _warn_outside(energy: Energy, config: SamplerConfig) -> None:
+    """Warn when ``config``'s noise ladder reaches levels some model in ``energy`` was not trained on."""
+    if config.ladder is None:
+        return
+    top, bottom = config.ladder.sigma_max, config.ladder.sigma_min
+    for part, (low, high) in _noise_ranges(energy).items():
+        if top > high * (1 + 1e-6) or bottom < low * (1 - 1e-6):
+            warnings.warn(f"the noise ladder [{bottom:g}, {top:g}] reaches levels {part.name} was not trained on"
+                          f" ([{low:g}, {high:g}]); its energy there is an extrapolation", stacklevel=3)
 
 
 def _preserves(term: Energy, defaults: SamplingDefaults | None) -> bool:
@@ -145,11 +193,14 @@ def plan(energy: Energy, form: str = "auto", config: SamplerConfig | None = None
     if not isinstance(energy, Energy):
         raise InvalidInputError(f"can only sample an Energy, got {type(energy).__name__}")
     _check_one_family(energy)
+    trained_levels(energy)
     runs = composed(energy, form)
     if config is None:
         defaults = default_settings(runs)
         config = defaults.sampler if defaults is not None else SamplerConfig()
-    return Plan(runs, with_overrides(config, overrides))
+    config = with_overrides(config, overrides)
+    _warn_outside(runs, config)
+    return Plan(runs, config)
 
 
 def sample(

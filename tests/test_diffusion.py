@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,34 @@ def test_mixing_families_is_one_line():
                                                 blocks=(cebm.BlockSpec(channels=8, down=True),), multiscale=False))
     with pytest.raises(InvalidInputError, match="mixes noise-conditioned models .* valid choices"):
         plan(model.condition(color="red") + clean)
+
+
+def test_a_composites_ladder_keeps_to_the_levels_every_model_was_trained_on():
+    """Models trained on different noise levels: a composite's ladder starts at the lowest of their highest levels,
+    whichever term comes first; a ladder given by hand above a model's levels samples with a warning naming it; levels
+    that do not overlap are one line."""
+    from composable_ebm.sampling import SamplingDefaults
+
+    def with_ladder(model, top):
+        model.sampling_defaults = SamplingDefaults(SamplerConfig(noise="exact", steps=1, step_size=0.2,
+                                                                 ladder=NoiseLadder(levels=4, sigma_max=top)))
+        return model
+
+    wide = with_ladder(tiny_unet(name="wide", sigma_max=12.0), 12.0)
+    narrow = with_ladder(tiny_unet(name="narrow", sigma_max=1.0), 1.0)
+    red, green = wide.condition(color="red"), narrow.condition(color="green")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plan(red).config.ladder.sigma_max == 12.0  # alone: its own ladder
+        for expr in (red + green, green + red, red | green):
+            ladder = plan(expr).config.ladder
+            assert (ladder.sigma_min, ladder.sigma_max) == (0.01, 1.0), expr.expression()
+    with pytest.warns(UserWarning, match=r"ladder \[0.01, 12\] reaches levels narrow was not trained on \(\[0.01, 1\]\)"):
+        result = cebm.sample(green + red, 2, seed=0, ladder=NoiseLadder(levels=2, sigma_max=12.0))
+    assert result.config.ladder.sigma_max == 12.0 and torch.isfinite(result.samples).all()
+    far = with_ladder(tiny_unet(name="far", sigma_min=2.0, sigma_max=12.0), 12.0)
+    with pytest.raises(InvalidInputError, match=r"do not overlap \(narrow \[0.01, 1\], far \[2, 12\]\); valid choices"):
+        plan(green + far.condition(color="red"), ladder=NoiseLadder(levels=2, sigma_max=1.0))
 
 
 def test_a_ladder_asks_for_exact_noise_one_round_and_no_augmentation():
