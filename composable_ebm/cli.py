@@ -538,6 +538,8 @@ def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name o
         rows.append(("unconditional energy", "trained (label dropout)" if config["null_condition"] else "no"))
     if config.get("input_transforms"):
         rows.append(("input transforms", ", ".join(config["input_transforms"])))
+    if "sigma_min" in config and "sigma_max" in config:
+        rows.append(("noise levels trained", f"{config['sigma_min']:g} to {config['sigma_max']:g}"))
     if defaults is not None:
         interval = defaults.guidance_interval
         rows += [("sampler", defaults.sampler.summary()), ("guidance scale", f"{defaults.guidance_scale:g}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -324,6 +325,7 @@ def test_a_models_guidance_interval_is_saved_with_it_and_reaches_its_guided_term
     assert cebm.load(str(tmp_path / "m")).sampling_defaults.guidance_interval == (0.0, 0.3)
     shown = runner.invoke(app, ["info", str(tmp_path / "m")])
     assert shown.exit_code == 0 and "3 at noise levels (0, 0.3], 1 elsewhere (alone too)" in shown.output
+    assert re.search(r"noise levels trained\s+0.01 to 1\n", shown.output)  # the levels a ladder should keep to
 
 
 def test_the_edm_weighting_grows_with_the_level_and_averages_one_over_the_levels_trained_on():
