@@ -34,7 +34,7 @@ from composable_ebm.evaluation import (
 )
 from composable_ebm.persistence import load_model, save_model
 from composable_ebm.images import save_image_grid
-from composable_ebm.sampling import AugmentConfig, SamplerConfig
+from composable_ebm.sampling import AugmentConfig
 from tests.conftest import settings, tiny_config
 
 

@@ -34,12 +34,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from torch import Tensor
 
 from composable_ebm.sampling.transitions import ChainState, SamplerConfig, StepInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from composable_ebm.energy import Energy, Labels
+    from composable_ebm.energy import Labels
 
 T = TypeVar("T")
 
