@@ -157,7 +157,7 @@ def _trained_from_runs(name: str, chain: list[Stage]) -> tuple[int, str, list[st
         trained = f"Trained for {chain[0].describe()}."
     outs = [f"runs/{name}-stage{k + 1}" for k in range(len(chain) - 1)] + [f"runs/{name}"]
     reproduce = [stage.command(name, out, f"{outs[k - 1]}/model" if k else None)
-                 for k, (stage, out) in enumerate(zip(chain, outs))]
+                 for k, (stage, out) in enumerate(zip(chain, outs, strict=True))]
     return steps, trained, reproduce
 
 

@@ -52,7 +52,7 @@ def conjunctions(arity: int) -> list[dict[str, str]]:
     out = []
     for attrs in itertools.combinations(ATTRIBUTES, arity):
         for values in itertools.product(*(SHAPES_ATTRIBUTES[a] for a in attrs)):
-            out.append(dict(zip(attrs, values)))
+            out.append(dict(zip(attrs, values, strict=True)))
     return out
 
 

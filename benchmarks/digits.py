@@ -130,7 +130,7 @@ def main() -> None:
     classifier, held_out = digits_classifier(data, args.seed, args.classifier_steps)
     print(f"digits classifier: {held_out:.3f} right on {len(data) // 5} held-out digits", flush=True)
     results = {}
-    for name, model in zip(names, models):
+    for name, model in zip(names, models, strict=True):
         rows = measure(model, classifier, data, args.n, args.seed, args.scale)
         summary = summarise(rows) | {"all_digits": pooled(rows, classifier)}
         print(name, json.dumps(summary, indent=1), flush=True)

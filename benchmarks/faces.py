@@ -119,7 +119,7 @@ def jobs() -> list[dict]:
         for arity in (2, 3):
             for names in itertools.combinations(COMPOSED, arity):
                 for values in itertools.product(*(FACES_ATTRIBUTES[a] for a in names)):
-                    target = dict(zip(names, values))
+                    target = dict(zip(names, values, strict=True))
                     text = " + ".join(term(a, v) for a, v in target.items())
                     out.append({"kind": "conjunction", "arity": arity, "form": form, "target": target,
                                 "expression": f"guided({text})" if form == "guided" else text,
@@ -181,8 +181,8 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
     if given and isinstance(energy, Guided):  # the same terms and weights, the given scales and intervals
         bound = [next(iter(t.bound)) for t in energy.terms]
         energy = Guided(energy.weights, list(energy.terms),
-                        [(scales or {}).get(a, s) for a, s in zip(bound, energy.scales)],
-                        [(intervals or {}).get(a, i) for a, i in zip(bound, energy.intervals)])
+                        [(scales or {}).get(a, s) for a, s in zip(bound, energy.scales, strict=True)],
+                        [(intervals or {}).get(a, i) for a, i in zip(bound, energy.intervals, strict=True)])
     overrides = {}
     if ladder:
         own = plan(energy, job["form"]).config
@@ -195,7 +195,7 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
     row = {k: job[k] for k in ("index", "kind", "form", "expression", "want") if k in job}
     row.update({k: job[k] for k in ("arity", "target", "held_out") if k in job})
     row["joint"] = float(hits.all(dim=0).float().mean())
-    row["per_attribute"] = {a: float(h.float().mean()) for a, h in zip(job["want"], hits)}
+    row["per_attribute"] = {a: float(h.float().mean()) for a, h in zip(job["want"], hits, strict=True)}
     real_pool = fresh.images[_matching(fresh.labels, job["want"])].float() / 255
     reference = data.images[_matching(data.labels, job["want"])][:500].float() / 255
     real = floor_sets(real_pool, n)

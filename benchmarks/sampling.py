@@ -61,7 +61,7 @@ def step_flops(model: ResNetEnergy, batch: int, device: torch.device) -> int:
         with FlopCounterMode(display=False) as counter:
             model(x, labels or None).sum().backward()
     finally:
-        for p, flag in zip(model.parameters(), flags):
+        for p, flag in zip(model.parameters(), flags, strict=True):
             p.requires_grad_(flag)
     return counter.get_total_flops()
 

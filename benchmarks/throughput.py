@@ -207,7 +207,7 @@ def derivatives_table(names: list[str], iters: int, rounds: int) -> None:
             use_own_derivatives("cpu")
             best = {v: min(t) for v, t in times.items()}
             # the default against the float32 path within each round (back to back), the median over rounds
-            ratios = sorted(a / b for a, b in zip(times["float32", False], times[shipped, True]))
+            ratios = sorted(a / b for a, b in zip(times["float32", False], times[shipped, True], strict=True))
             rows.append((name, device_label(device, bfloat16=True), batch, best, ratios, shipped))
             print(rows[-1], flush=True)
     lines = [
@@ -350,7 +350,7 @@ def compiled_chain(model) -> Callable[[], None]:
             return eager_energy_and_grad(x, labels, sigma=sigma)
         finally:
             del model.energy
-            for p, flag in zip(params, flags):
+            for p, flag in zip(params, flags, strict=True):
                 p.requires_grad_(flag)
 
     model.energy_and_grad = energy_and_grad

@@ -180,7 +180,7 @@ def _from_plain(tp: Any, value: Any, where: str) -> Any:
             return tuple(_from_plain(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
         if len(value) != len(args):
             raise InvalidInputError(f"{where} must be a list of {len(args)} values, got {len(value)}")
-        return tuple(_from_plain(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        return tuple(_from_plain(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
     if origin is dict:
         if not isinstance(value, dict):
             raise _bad(tp, value, where)

@@ -476,14 +476,14 @@ class WeightedSum(_Composite):
     def energy(self, x: Tensor, labels: Labels | None, sigma: Tensor | None = None) -> Tensor:
         """``sum_i w_i * E_i(x)``, ``(B,)``."""
         total = self.weights[0] * self.terms[0](x, sigma=sigma)
-        for w, term in zip(self.weights[1:], self.terms[1:]):
+        for w, term in zip(self.weights[1:], self.terms[1:], strict=True):
             total = total + w * term(x, sigma=sigma)
         return total
 
     def expression(self) -> str:
         """The sum as text, e.g. ``(color[red] + 2.0 * shape[circle])``."""
         parts = []
-        for i, (w, term) in enumerate(zip(self.weights, self.terms)):
+        for i, (w, term) in enumerate(zip(self.weights, self.terms, strict=True)):
             sign = "-" if w < 0 else "+"
             mag = abs(w)
             body = term.expression() if mag == 1.0 else f"{_format_weight(mag)} * {term.expression()}"
@@ -623,7 +623,7 @@ class Guided(_Composite):
         """The two halves of `energy`: ``E_0 = mean_i E_i(x | 0)`` and ``sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))``,
         each ``(B,)``."""
         nulls, guidance = [], []
-        for w, (cond, uncond) in zip(self.weighted_scales(sigma), self.term_energies(x, sigma)):
+        for w, (cond, uncond) in zip(self.weighted_scales(sigma), self.term_energies(x, sigma), strict=True):
             nulls.append(uncond)
             guidance.append(w * (cond - uncond))
         return torch.stack(nulls).mean(dim=0), torch.stack(guidance).sum(dim=0)
@@ -632,7 +632,7 @@ class Guided(_Composite):
         """Each term's weight times its guidance scale at ``sigma``: the scale inside the term's interval, 1 outside
         it. A number for one level (or none), ``(B,)`` for a tensor of one level per item."""
         out: list[float | Tensor] = []
-        for w, s, interval in zip(self.weights, self.scales, self.intervals):
+        for w, s, interval in zip(self.weights, self.scales, self.intervals, strict=True):
             if interval is None or sigma is None or s == 1.0:
                 out.append(s * w)
             elif isinstance(sigma, Tensor) and sigma.dim() > 0:  # one level per item: no host sync

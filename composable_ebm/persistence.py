@@ -25,6 +25,7 @@ Hub, which `composable_ebm.hub` (the layer below) finds in the local cache or do
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -348,7 +349,7 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...]
         tensors[name] = (tuple(shape), info["dtype"])
         spans.append(tuple(offsets))
     spans.sort()
-    if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
+    if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
         raise bad("its tensors overlap")
     return tensors, metadata
 

@@ -123,7 +123,7 @@ def _settings(energy: Energy, alone: bool) -> SamplingDefaults | None:
     if first is None:
         return None
     shared = len({d.sampler.augment if d is not None else None for d in parts}) == 1
-    keeps = shared and all(_preserves(t, d) for t, d in zip(energy.terms, parts))
+    keeps = shared and all(_preserves(t, d) for t, d in zip(energy.terms, parts, strict=True))
     sampler = dataclasses.replace(first.sampler, augment=first.sampler.augment if keeps else None)
     if isinstance(energy, WeightedSum):
         sampler = dataclasses.replace(sampler, step_size=sampler.step_size / len(energy.terms))
@@ -267,7 +267,7 @@ def constant(energy: Energy) -> bool:
     if not isinstance(energy, (WeightedSum, Guided)):
         return False
     totals: dict[tuple, float] = {}
-    for w, term in zip(energy.weights, energy.terms):
+    for w, term in zip(energy.weights, energy.terms, strict=True):
         totals[_term_key(term)] = totals.get(_term_key(term), 0.0) + w
     return all(abs(w) < 1e-12 for w in totals.values())
 

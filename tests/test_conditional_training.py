@@ -149,7 +149,7 @@ def test_ema_tracks_the_model_from_the_first_steps():
     init = [p.detach().clone() for p in model.parameters()]
     trainer = Trainer(model, Blobs(500, 0), _blob_config(steps=20, ema_decay=0.9999))
     trainer.fit()
-    dist = lambda a, b: sum(float((x - y).detach().norm() ** 2) for x, y in zip(a, b)) ** 0.5  # noqa: E731
+    dist = lambda a, b: sum(float((x - y).detach().norm() ** 2) for x, y in zip(a, b, strict=True)) ** 0.5  # noqa: E731
     ema, trained = list(trainer.ema.parameters()), list(model.parameters())
     assert dist(ema, trained) < 0.3 * dist(init, trained)
     no_warmup = Trainer(MLPEnergy(model.config), Blobs(500, 0), _blob_config(steps=20, ema_decay=0.9999, ema_warmup=False))

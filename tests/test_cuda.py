@@ -74,7 +74,7 @@ def test_training_on_cuda_resumes_to_the_same_weights(tmp_path: Path):
                                      *steps])
         assert result.exit_code == 0, result.output
     a, b = (load_model(out / "model") for out in (straight, resumed))
-    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert p.device.type == "cpu"
         assert torch.allclose(p, q, rtol=1e-4, atol=1e-6), name
     assert a.energy(torch.rand(2, 3, 8, 8), {"color": torch.tensor([0, 1])}).isfinite().all()
@@ -207,7 +207,7 @@ def test_training_with_cuda_graphs_reaches_the_weights_of_eager_training(tmp_pat
                                      "--steps", "4"])
         assert result.exit_code == 0, result.output
         weights.append(load_model(out / "model").state_dict())
-    for (name, p), q in zip(weights[0].items(), weights[1].values()):
+    for (name, p), q in zip(weights[0].items(), weights[1].values(), strict=True):
         assert torch.allclose(p, q, rtol=1e-3, atol=1e-5), name
 
 
@@ -236,7 +236,7 @@ def test_denoising_training_replayed_from_a_cuda_graph_reaches_the_eager_weights
         assert (trainer._step_graph is not None) == on
     (eager_losses, eager_weights), (graph_losses, graph_weights) = runs[False], runs[True]
     assert graph_losses == pytest.approx(eager_losses, rel=1e-3)
-    for (name, p), q in zip(eager_weights.items(), graph_weights.values()):
+    for (name, p), q in zip(eager_weights.items(), graph_weights.values(), strict=True):
         assert torch.allclose(p, q, rtol=1e-3, atol=1e-5), name
     trainer.save_checkpoint()
     before = [trainer.train_step().loss for _ in range(3)]

@@ -271,5 +271,5 @@ def test_group_norm_of_a_channels_last_input_matches_autograds_second_derivative
             gx, gw = torch.autograd.grad(layer(x).sin().sum(), (x, layer.weight), create_graph=True)
             return list(torch.autograd.grad(gx.pow(2).sum() + gw.pow(2).sum(), (x, layer.weight, layer.bias)))
 
-    for own, stock in zip(grads(True), grads(False)):
+    for own, stock in zip(grads(True), grads(False), strict=True):
         assert torch.allclose(own, stock, atol=1e-10)

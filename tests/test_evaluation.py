@@ -471,7 +471,7 @@ def test_compiled_chain_matches_eager_and_restores():
     assert "energy_and_grad" not in vars(model)
     eager = parameter_grads()
     assert any(g.abs().sum() > 0 for g in eager)
-    for a, b in zip(through_compiled, eager):
+    for a, b in zip(through_compiled, eager, strict=True):
         torch.testing.assert_close(a, b)
 
 
@@ -501,5 +501,5 @@ def test_compiled_denoising_loss_is_one_graph_with_the_eager_loss_and_gradients(
     assert not torch._dynamo.utils.counters["graph_break"]
     torch.testing.assert_close(compiled_loss, loss, rtol=1e-4, atol=1e-6)
     assert any(g.abs().sum() > 0 for g in grads)
-    for a, b in zip(compiled_grads, grads):
+    for a, b in zip(compiled_grads, grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)

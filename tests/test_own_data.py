@@ -118,7 +118,7 @@ def test_a_stopped_run_keeps_its_checkpoint_and_model_and_export_makes_one_from_
     from composable_ebm import load
 
     exported, saved = load(tmp_path / "exported"), load(tmp_path / "run" / "model")
-    for (k, a), (_, b) in zip(exported.state_dict().items(), saved.state_dict().items()):
+    for (k, a), (_, b) in zip(exported.state_dict().items(), saved.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
     assert f"at step {state['step']}" in (tmp_path / "exported" / "README.md").read_text()
     result = runner.invoke(app, ["export", str(tmp_path / "faces")])

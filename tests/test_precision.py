@@ -83,7 +83,7 @@ def test_a_bfloat16_run_trains_with_float32_weights_and_records(noise_conditione
     before = [p.detach().clone() for p in model.parameters()]
     trainer.fit()
     assert all(p.dtype == torch.float32 for p in [*model.parameters(), *trainer.ema.parameters()])
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     record = trainer.train_step()
     assert record.loss == record.loss and abs(record.loss) < 1e3
 

@@ -278,7 +278,7 @@ def test_training_logs_health_and_both_gradient_norms(tmp_path):
         assert r["grad_norm_kl"] > 0 and r["grad_norm_cd"] > 0  # the KL gradient is real on logging steps
     # the EMA moved away from the initial weights, towards the trained ones (decay 0.5: most of the way)
     def dist(a, b):
-        return sum(float((x - y).detach().norm()) for x, y in zip(a, b))
+        return sum(float((x - y).detach().norm()) for x, y in zip(a, b, strict=True))
 
     trained, ema = list(model.parameters()), list(trainer.ema.parameters())
     assert dist(ema, init) > 0 and dist(ema, trained) < 0.5 * dist(init, trained)
@@ -495,7 +495,7 @@ def test_init_starts_a_run_from_a_trained_models_weights(tmp_path):
     allowed = train_recipe(ranged, tmp_path / "ranged", init=tmp_path / "source" / "model", allow_config_change=True,
                            echo=lines.append)
     assert allowed.model.config.value_range == (-5.0, 5.0)
-    pairs = list(zip(allowed.model.parameters(), source.parameters()))
+    pairs = list(zip(allowed.model.parameters(), source.parameters(), strict=True))
     assert pairs and all(torch.equal(a.detach().cpu(), b.detach()) for a, b in pairs)  # the source's weights
     assert any("settings changed: value_range" in line for line in lines)
     assert "value_range" in (tmp_path / "ranged" / "model" / "README.md").read_text()
@@ -524,7 +524,8 @@ def test_a_checkpoint_of_the_wrong_structure_is_named_before_anything_is_restore
     before = [p.detach().clone() for p in fresh.energy.parameters()]
     with pytest.raises(ModelFileError, match=named):
         fresh.resume()
-    assert all(torch.equal(a, b) for a, b in zip(before, fresh.energy.parameters()))  # nothing half-restored
+    # nothing half-restored
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.energy.parameters(), strict=True))
 
 
 def test_torchrun_with_more_processes_than_gpus_is_one_line_before_any_process_group(monkeypatch):
@@ -694,6 +695,6 @@ def test_adam_steps_at_the_scheduled_rate_it_logs_and_a_stopped_run_resumes_on_t
     again = trainer(tmp_path / "resumed")
     assert again.resume(tmp_path / "resumed" / "checkpoint.pt") and again.step == 2
     again.fit()
-    for (name, p), q in zip(straight.energy.state_dict().items(), again.energy.state_dict().values()):
+    for (name, p), q in zip(straight.energy.state_dict().items(), again.energy.state_dict().values(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
     again.close()

@@ -62,7 +62,7 @@ def read_attribute_table(path: str | Path) -> tuple[list[str], dict[str, list[st
                                     " each image needs one row")
         seen[row[0]] = i
         files.append(row[0])
-        for name, value in zip(names, row[1:]):
+        for name, value in zip(names, row[1:], strict=True):
             columns[name].append(value)
     return files, columns
 

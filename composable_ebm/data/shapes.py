@@ -103,7 +103,7 @@ def shapes(
     """
     if split not in ("train", "heldout", "all"):
         raise ValueError(f"unknown split {split!r}; valid choices: ['train', 'heldout', 'all']")
-    combos = [dict(zip(SHAPES_ATTRIBUTES, c)) for c in itertools.product(*SHAPES_ATTRIBUTES.values())]
+    combos = [dict(zip(SHAPES_ATTRIBUTES, c, strict=True)) for c in itertools.product(*SHAPES_ATTRIBUTES.values())]
     table = {a: torch.tensor([SHAPES_ATTRIBUTES[a].index(c[a]) for c in combos]) for a in SHAPES_ATTRIBUTES}
     held = combination_mask(table, SHAPES_ATTRIBUTES, holdout)
     allowed = {"train": ~held, "heldout": held, "all": torch.ones_like(held)}[split]

@@ -31,7 +31,7 @@ def value_distribution(indices: Tensor, values: tuple[str, ...]) -> dict[str, fl
     """Fraction of each value name among value ``indices`` ``(N,)``."""
     counts = torch.bincount(indices.cpu().long(), minlength=len(values)).float()
     total = max(float(counts.sum()), 1.0)
-    return {v: float(c) / total for v, c in zip(values, counts)}
+    return {v: float(c) / total for v, c in zip(values, counts, strict=True)}
 
 
 def max_deviation(a: Mapping[str, float], b: Mapping[str, float]) -> float:

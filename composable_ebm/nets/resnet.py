@@ -326,7 +326,8 @@ class ResNetEnergy(Pretrained, AttributeCodes, Energy):
         cond = self.condition_vector(labels or None, x.shape[0], x.device)
         if cond is not None:
             cond = cond.to(x.dtype)
-        outs = [tower(xs, cond if self.head is None else None) for xs, tower in zip(self._tower_inputs(x), self.towers)]
+        outs = [tower(xs, cond if self.head is None else None)
+                for xs, tower in zip(self._tower_inputs(x), self.towers, strict=True)]
         if self.head is not None and labels:  # the condition's term joins the first tower's energy (none when unbound)
             outs[0] = outs[0] + self._head_energy(x, cond)
         return torch.stack(outs, dim=1)
@@ -348,7 +349,7 @@ class ResNetEnergy(Pretrained, AttributeCodes, Energy):
             null = self.condition_vector({a: torch.full_like(i, NULL) for a, i in codes.items()}, b, x.device)
             both = torch.cat([cond, null]).to(x.dtype)
             total = 0
-            for xs, tower in zip(self._tower_inputs(x), self.towers):
+            for xs, tower in zip(self._tower_inputs(x), self.towers, strict=True):
                 h = tower.start(xs)
                 total = total + tower.finish(torch.cat([h, h]), both)
             return total[:b], total[b:]

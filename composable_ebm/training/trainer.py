@@ -300,7 +300,7 @@ class Trainer(TrainingState):
             self._step_graph = (graph, stats, [p.grad for p in params])
         graph, stats, grads = self._step_graph
         graph.replay()
-        for p, g in zip(params, grads):
+        for p, g in zip(params, grads, strict=True):
             p.grad = g
         return stats
 
@@ -332,7 +332,7 @@ class Trainer(TrainingState):
         if self.config.ema_warmup:  # bias-free early average (as TensorFlow's ExponentialMovingAverage)
             decay = min(decay, (1.0 + self.step) / (10.0 + self.step))
         torch._foreach_lerp_(list(self.ema.parameters()), [p.detach() for p in self.energy.parameters()], 1.0 - decay)
-        for e, b in zip(self.ema.buffers(), self.energy.buffers()):
+        for e, b in zip(self.ema.buffers(), self.energy.buffers(), strict=True):
             e.copy_(b)
 
     # ----------------------------------------------------------------- the loop
@@ -404,7 +404,7 @@ def _read_stats(**stats: Tensor | None) -> dict[str, float | None]:
     per statistic. ``None`` stays ``None``."""
     names = [k for k, v in stats.items() if v is not None]
     values = torch.stack([stats[k].detach().float().reshape(()) for k in names]).tolist() if names else []
-    return {**stats, **dict(zip(names, values))}
+    return {**stats, **dict(zip(names, values, strict=True))}
 
 
 def _param_grad_norm(loss: Tensor, params: list[Tensor]) -> float:
