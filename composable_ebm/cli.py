@@ -26,7 +26,8 @@ DEBUG_KEY = "cebm.debug"
 MAX_THREADS = 1024
 """Most CPU threads --threads may ask torch for."""
 MAX_SAMPLES = 1 << 20
-"""Most samples one command draws (-n)."""
+"""Most samples one command draws (-n): `composable_ebm.sampling.runner.MAX_SAMPLES`, written out so that `cebm --help`
+imports no torch."""
 
 
 class _Group(TyperGroup):
@@ -183,6 +184,8 @@ FormOpt = Annotated[Form, typer.Option(
 CountOpt = Annotated[int, typer.Option("-n", min=1, max=MAX_SAMPLES, help="Number of samples.")]
 RefreshOpt = Annotated[bool, typer.Option("--refresh", help="Ask the Hub for the newest revision of org/name models and "
                                           "download them again, even when cached.")]
+OverwriteOpt = Annotated[bool, typer.Option(
+    help="Write into an --out that is not empty: its model files are replaced, other files stay.")]
 ScaleOpt = Annotated[Optional[int], typer.Option(
     min=1, max=64, help="Upscale each image this many times, nearest neighbour (default: to at least 64 pixels).")]
 
@@ -245,6 +248,7 @@ def export(
     recipe: Annotated[Optional[Path], typer.Option(
         help="The run's recipe, for a run written before runs kept their network.json.")] = None,
     license: Annotated[Optional[str], typer.Option(help="License written into the model's card.")] = None,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Write a model folder from the EMA weights of a run's latest checkpoint, without resuming it.
 
@@ -253,7 +257,7 @@ def export(
     """
     from composable_ebm.runs import export_run
 
-    typer.echo(f"wrote {export_run(run, out, recipe=recipe, license=license)}")
+    typer.echo(f"wrote {export_run(run, out, recipe=recipe, license=license, overwrite=overwrite)}")
 
 
 @app.command("data")
@@ -291,6 +295,7 @@ def train_classifier_command(
         min=0.0, max=0.5, help="Share of the rows kept aside to measure accuracy.")] = 0.1,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the split and the training.")] = 0,
     device: DeviceOpt = None,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Train an attribute classifier on a folder's attributes, so `cebm eval compose` can score your compositions.
 
@@ -300,7 +305,7 @@ def train_classifier_command(
     from composable_ebm.evaluation.classifier import fit_folder_classifier
 
     result = fit_folder_classifier(folder, out, attributes or None, attribute_file, size, steps, held_out, seed,
-                                   _device(device))
+                                   _device(device), overwrite=overwrite)
     for attr, acc in result.accuracy.items():
         typer.echo(f"{attr}: {acc:.3f} read right on {result.held_out} held-out images")
     typer.echo(f"wrote {result.folder}")
@@ -561,7 +566,13 @@ def studio(
     device: DeviceOpt = None,
     allowed_host: Annotated[list[str], typer.Option(
         "--allowed-host", help="Another host name the page may be reached by (repeatable); the host served on and "
-                               "localhost are always allowed, any other Host or Origin is refused (403).")] = [],  # noqa: B006
+                               "localhost are always allowed, any other Host is refused (403).")] = [],  # noqa: B006
+    allowed_origin: Annotated[list[str], typer.Option(
+        "--allowed-origin", help="Another origin (scheme://host:port) whose pages may call the studio (repeatable); "
+                                 "by default only the studio's own page may.")] = [],  # noqa: B006
+    models_root: Annotated[Optional[Path], typer.Option(
+        "--models-root", help="A folder whose model folders the page may load by path; without it, the page loads "
+                              "bundled models and models already in the Hub cache only.")] = None,
 ) -> None:
     """Compose models in the browser: terms, weights, negation, the expression, samples with their readings.
 
@@ -578,7 +589,8 @@ def studio(
         raise typer.Exit(2)
     from composable_ebm.studio import launch
 
-    launch(host=host, port=port, device=str(_device(device)), allowed_host=tuple(allowed_host))
+    launch(host=host, port=port, device=str(_device(device)), allowed_host=tuple(allowed_host),
+           allowed_origin=tuple(allowed_origin), models_root=models_root)
 
 
 @eval_app.command("compose")

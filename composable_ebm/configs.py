@@ -9,7 +9,9 @@ silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 import types
 import typing
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -34,6 +36,36 @@ MAX_PARAMETERS = 1_000_000_000
 """Most weight elements a loaded model may have (4 GB in float32)."""
 MAX_CONFIG_BYTES = 1_000_000
 """Largest model ``config.json`` read."""
+
+
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects in a JSON file read from outside (a config, a safetensors header): deeper
+text would exhaust Python's recursion in the parser."""
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_JSON_BRACKET = re.compile(r"[][{}]")
+
+
+def json_depth(text: str | bytes) -> int:
+    """The deepest nesting of ``[`` and ``{`` in JSON text, brackets inside strings not counted; linear, no
+    recursion."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    depth = deepest = 0
+    for m in _JSON_BRACKET.finditer(_JSON_STRING.sub("", text)):
+        depth += 1 if m.group() in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def load_json(text: str | bytes, where: str, error: type[Exception] = InvalidInputError) -> Any:
+    """``json.loads`` of text from outside, refusing nesting deeper than `MAX_JSON_DEPTH` with ``error``, one line
+    that names ``where`` (the file); other parse errors are ``ValueError`` as ``json.loads`` raises them."""
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise error(f"{where}: JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} are read")
+    return json.loads(text)
 
 
 def check_attributes(owner: str, attributes: dict[str, tuple[str, ...]]) -> None:

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from composable_ebm.configs import check_interval
-from composable_ebm.errors import InvalidInputError
+from composable_ebm.errors import InvalidInputError, NotSavableError
 
 Labels = Mapping[str, Tensor]
 """Per-item attribute values: attribute name -> integer value indices of shape ``(B,)``
@@ -42,6 +42,10 @@ Labels = Mapping[str, Tensor]
 
 MAX_WEIGHT = 1e6
 """Largest weight a composite's term may carry (a product of weights and inverse temperatures)."""
+
+MAX_NESTING = 64
+"""Deepest nesting of algebra nodes in one composite (a sum inside a disjunction inside a sum ...). Sums and
+disjunctions flatten, so an expression within `composable_ebm.expression.MAX_DEPTH` stays far below it."""
 
 NULL = -1
 """The value index of the null condition: the attribute is left unbound for that item, and a model
@@ -389,6 +393,21 @@ def value_index(attributes: Mapping[str, Sequence[str]], attr: str, value: str |
     raise InvalidInputError(f"value of {attr!r} must be a value name or an index, got {value!r}; valid values: {names}")
 
 
+def nesting(energy: Energy) -> int:
+    """How many algebra nodes deep ``energy`` is: 0 for a model, one more than its deepest part for a node."""
+    return getattr(energy, "_nesting", 0)
+
+
+def _check_nesting(parts: Sequence[Energy]) -> int:
+    """The nesting of a node made of ``parts``; one line past `MAX_NESTING` (a deeper tree would exhaust Python's
+    recursion wherever it is walked)."""
+    depth = 1 + max(nesting(p) for p in parts)
+    if depth > MAX_NESTING:
+        raise InvalidInputError(f"a composite nests {depth} algebra nodes deep; at most {MAX_NESTING} (sums and"
+                                " disjunctions flatten: build wide, not deep)")
+    return depth
+
+
 def _check_compatible(parts: Sequence[Energy]) -> tuple[tuple[int, ...], tuple[float, float] | None]:
     first = parts[0]
     for other in parts[1:]:
@@ -420,7 +439,7 @@ class _Composite(Energy):
 
     def __getattr__(self, name: str) -> Any:
         if name in ("save_pretrained", "push_to_hub"):
-            raise AttributeError(f"a {type(self).__name__} has no {name}: only a trained model (cebm.load, a network"
+            raise NotSavableError(f"a {type(self).__name__} has no {name}: only a trained model (cebm.load, a network"
                                  " class) is saved or pushed; save each model a composite is made of")
         return super().__getattr__(name)
 
@@ -440,7 +459,9 @@ class WeightedSum(_Composite):
         if len(weights) != len(terms) or not terms:
             raise ValueError("WeightedSum needs one weight per term and at least one term")
         input_shape, value_range = _check_compatible(terms)
+        depth = _check_nesting(terms)
         super().__init__(input_shape, value_range)
+        self._nesting = depth
         self.weights: tuple[float, ...] = tuple(float(w) for w in weights)
         self.terms = nn.ModuleList(terms)
 
@@ -505,7 +526,9 @@ class Disjunction(_Composite):
         for t in terms:
             flat.extend(t.terms if isinstance(t, Disjunction) else [t])
         input_shape, value_range = _check_compatible(flat)
+        depth = _check_nesting(flat)
         super().__init__(input_shape, value_range)
+        self._nesting = depth
         self.terms = nn.ModuleList(flat)
 
     def energy(self, x: Tensor, labels: Labels | None, sigma: Tensor | None = None) -> Tensor:
@@ -526,7 +549,9 @@ class Conditioned(_Composite):
 
     def __init__(self, base: Energy, bound: Mapping[str, int | Tensor]) -> None:
         remaining = {k: v for k, v in base.attributes.items() if k not in bound}
+        depth = _check_nesting([base])
         super().__init__(base.input_shape, base.value_range, remaining)
+        self._nesting = depth
         self.base = base
         self.bound: dict[str, int | Tensor] = dict(bound)
 
@@ -600,7 +625,9 @@ class Guided(_Composite):
             raise ValueError(f"Guided needs one guidance interval (or None) per term, got {len(intervals)} for"
                              f" {len(terms)} terms")
         input_shape, value_range = _check_compatible(terms)
+        depth = _check_nesting(terms)
         super().__init__(input_shape, value_range)
+        self._nesting = depth
         for term in terms:
             if not isinstance(term, Conditioned) or not term.base.has_null_condition:
                 raise ValueError(

@@ -49,7 +49,12 @@ class HubUnavailableError(RunFailure):
 
 
 class FolderLockedError(CebmError, RuntimeError):
-    """Another live process holds a run folder."""
+    """Another live process holds a run folder, or its lock file is damaged."""
+
+
+class NotSavableError(CebmError, AttributeError):
+    """A save or push asked of an object that is not a trained model (an algebra node); an ``AttributeError`` too,
+    as ``hasattr`` expects."""
 
 
 def a_type(obj: object) -> str:

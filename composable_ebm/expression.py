@@ -28,7 +28,8 @@ from composable_ebm.errors import InvalidInputError, a_type
 from composable_ebm.pipeline import guidance_interval, guidance_scale
 
 MAX_DEPTH = 32
-"""Deepest nesting of parentheses (and of ``NUMBER *`` prefixes) an expression may use."""
+"""Deepest nesting of parentheses, ``NUMBER *`` prefixes and ``* NUMBER`` / ``/ NUMBER`` factors an expression may
+use."""
 MAX_LENGTH = 10_000
 """Longest expression parsed, in characters."""
 OPERATORS = "+ - * / | ( ) [attr=value, ...] guided(...)"
@@ -119,7 +120,8 @@ class _Parser:
     def enter(self) -> None:
         self.depth += 1
         if self.depth > MAX_DEPTH:
-            raise InvalidInputError(f"expression nests deeper than {MAX_DEPTH} levels")
+            raise InvalidInputError(f"expression nests deeper than {MAX_DEPTH} levels (parentheses, weights and"
+                                    " temperatures each wrap once); write the weights as one number")
 
     def peek(self) -> tuple[str, str] | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -172,13 +174,16 @@ class _Parser:
             self.depth -= 1
             return result
         result = self.factor()
+        depth = self.depth
         while self.at("*") or self.at("/"):
             op = self.take()
             number = float(self.take(kind="number"))
             if number == 0:
                 raise InvalidInputError(f"in {quote(self.text)}: {op} 0 " + ("removes its term; leave the term out instead"
                                         if op == "*" else "is no temperature; T must be > 0"))
+            self.enter()  # each factor wraps the node once more
             result = Weighted(number, result) if op == "*" else Temperature(number, result)
+        self.depth = depth
         return result
 
     def factor(self) -> Node:

@@ -44,7 +44,8 @@ from torch import nn
 
 from composable_ebm._version import __version__
 from composable_ebm.atomic import fsync_file, pid_alive, shared_mode
-from composable_ebm.configs import MAX_CONFIG_BYTES, MAX_PARAMETERS, config_from_dict, config_to_dict
+from composable_ebm.configs import (MAX_CONFIG_BYTES, MAX_JSON_DEPTH, MAX_PARAMETERS, config_from_dict, config_to_dict,
+                                    json_depth, load_json)
 from composable_ebm.energy import Energy
 from composable_ebm.errors import InvalidInputError, ModelFileError, ModelNotFoundError, NonFiniteError
 from composable_ebm.hub import (
@@ -149,8 +150,10 @@ def _check_input_record(path: Path, model: nn.Module, metadata: dict[str, str]) 
     if text is None:
         return
     try:
-        saved = json.loads(text)
+        saved = load_json(text, f"{path}: its {INPUT_KEY} metadata", ModelFileError)
     except ValueError as err:
+        if isinstance(err, ModelFileError):
+            raise
         raise ModelFileError(f"{path}: its {INPUT_KEY} metadata is not JSON") from err
     now = _input_record(model)
     for key in sorted(set(saved) & set(now)):
@@ -190,14 +193,19 @@ def model_from_payload(path: Path) -> nn.Module:
     return model
 
 
-def save_model(model: nn.Module, folder: str | Path, card: str | None = None, extra: dict[str, Any] | None = None) -> Path:
+def save_model(model: nn.Module, folder: str | Path, card: str | None = None, extra: dict[str, Any] | None = None,
+               *, overwrite: bool = True) -> Path:
     """Write ``config.json``, ``model.safetensors`` (and ``README.md`` if a model card is given).
 
-    The folder is replaced whole: other files in it are carried over, and a failure at any
-    point leaves the previous folder as it was. A symbolic link is followed: the folder it points
-    to is replaced and the link keeps pointing to it.
+    The folder is replaced whole by an atomic swap: a failure at any point leaves the previous folder as it was.
+    Other files in it stay, linked into the new folder (hard links: nothing is copied, so no second copy's space is
+    needed). A symbolic link is followed: the folder it points to is replaced and the link keeps pointing to it.
+    ``overwrite=False`` refuses a folder that exists and is not empty (`check_new_folder`): the command line's
+    ``--out`` without ``--overwrite``.
     """
     folder = Path(folder)
+    if not overwrite:
+        check_new_folder(folder)
     if folder.is_symlink():
         folder = folder.resolve()
     payload = model_payload(model)
@@ -206,6 +214,8 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     folder.parent.mkdir(parents=True, exist_ok=True)
     recover_folder(folder)
+    if folder.exists() and not folder.is_dir():
+        raise InvalidInputError(f"{folder} exists and is not a folder; a model is saved as a folder")
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.new-{os.getpid()}-"))
     try:
         os.chmod(staging, shared_mode(directory=True))
@@ -215,12 +225,7 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
             (staging / CARD_NAME).write_text(card)
         ours = {WEIGHTS_NAME, CONFIG_NAME} | ({CARD_NAME} if card is not None else set())
         if folder.is_dir():
-            for item in folder.iterdir():
-                if item.name not in ours:  # carried over as it is: a link stays a link, never a copy of its target
-                    if item.is_dir() and not item.is_symlink():
-                        shutil.copytree(item, staging / item.name, symlinks=True)
-                    else:
-                        shutil.copy2(item, staging / item.name, follow_symlinks=False)
+            _link_tree(folder, staging, skip=ours)
         for name in ours:  # safetensors writes 0600; a model folder is for sharing
             os.chmod(staging / name, shared_mode())
             fsync_file(staging / name)
@@ -231,12 +236,45 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
     return folder
 
 
+def check_new_folder(folder: str | Path, option: str = "--overwrite") -> None:
+    """Refuse an output folder that exists and holds anything (or is a file), in one line that names ``option``: a
+    save never replaces what it was not asked to."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise InvalidInputError(f"{folder} exists and is not a folder; a model is saved as a folder: choose a new one")
+    if folder.is_dir():
+        entries = sorted(p.name for p in itertools.islice(folder.iterdir(), 4))
+        if entries:
+            shown = ", ".join(entries[:3]) + (" ..." if len(entries) > 3 else "")
+            raise InvalidInputError(f"{folder} is not empty ({shown}); choose a new or empty folder, or pass {option}"
+                                    " to replace the model files in it (other files stay)")
+
+
+def _link_tree(source: Path, target: Path, skip: set[str] = frozenset()) -> None:
+    """Recreate ``source``'s entries (but ``skip``) in ``target`` without copying data: files as hard links, folders
+    as new folders of links, symbolic links as links to the same place. A file system without hard links gets
+    copies."""
+    for item in source.iterdir():
+        if item.name in skip:
+            continue
+        dest = target / item.name
+        if item.is_symlink():
+            os.symlink(os.readlink(item), dest)
+        elif item.is_dir():
+            dest.mkdir()
+            shutil.copystat(item, dest)
+            _link_tree(item, dest)
+        else:
+            try:
+                os.link(item, dest)
+            except OSError:
+                shutil.copy2(item, dest, follow_symlinks=False)
+
+
 def _swap_in(staging: Path, folder: Path) -> None:
     if not folder.exists():
         os.rename(staging, folder)
         return
-    if not folder.is_dir():
-        raise InvalidInputError(f"{folder} exists and is not a folder; a model is saved as a folder")
     old = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old-{os.getpid()}-"))
     os.rmdir(old)
     os.rename(folder, old)
@@ -277,7 +315,7 @@ def read_config(folder: str | Path, path: str | Path | None = None) -> dict[str,
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise ModelFileError(f"{path}: {path.stat().st_size} bytes; a {CONFIG_NAME} is at most {MAX_CONFIG_BYTES}")
     try:
-        payload = json.loads(path.read_text())
+        payload = load_json(path.read_text(), str(path), ModelFileError)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ModelFileError(f"{path}: not valid JSON ({err})") from err
     if not isinstance(payload, dict):
@@ -328,8 +366,11 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...]
         if n > min(size - 8, MAX_HEADER_BYTES):
             raise bad(f"a header of {n:,} bytes in a file of {size:,}")
         try:
-            header = json.loads(f.read(n))
-        except (ValueError, UnicodeDecodeError) as err:
+            text = f.read(n)
+            if json_depth(text) > MAX_JSON_DEPTH:
+                raise bad(f"its header nests deeper than {MAX_JSON_DEPTH} levels")
+            header = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise bad(f"its header is not JSON: {err}") from err
     if not isinstance(header, dict):
         raise bad("its header is not a JSON object")

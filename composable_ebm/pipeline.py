@@ -195,6 +195,7 @@ def plan(energy: Energy, form: str = "auto", config: SamplerConfig | None = None
     _check_one_family(energy)
     trained_levels(energy)
     runs = composed(energy, form)
+    _check_floor(runs)
     if config is None:
         defaults = default_settings(runs)
         config = defaults.sampler if defaults is not None else SamplerConfig()
@@ -259,6 +260,33 @@ def _check_one_family(energy: Energy) -> None:
         raise InvalidInputError(
             f"{energy.expression()} mixes noise-conditioned models ({', '.join(noised)}) with models of clean data"
             f" ({', '.join(clean)}); valid choices: compose models of one family")
+
+
+def tail_weight(energy: Energy) -> float:
+    """How the energy grows far from the data, in units of one model's growth: a noise-conditioned model's energy
+    grows like ``|x|^2 / (2 sigma^2)`` there (its denoiser's output stays bounded), so a plain sum grows by the sum of
+    its weights (times its terms' own), a disjunction like its slowest part, and a guided form like its unconditional
+    energy (the guidance differences cancel)."""
+    if isinstance(energy, WeightedSum):
+        return sum(w * tail_weight(t) for w, t in zip(energy.weights, energy.terms, strict=True))
+    if isinstance(energy, Disjunction):
+        return min(tail_weight(t) for t in energy.terms)
+    return 1.0
+
+
+def _check_floor(energy: Energy) -> None:
+    """Refuse a noise-conditioned expression with no floor: a plain difference such as ``a - b`` falls without bound
+    away from the data, and its chains end as noise. (A sum whose weights cancel on every term is `sample`'s own
+    line.)"""
+    if not energy.noise_conditioned or constant(energy):
+        return
+    tail = tail_weight(energy)
+    if tail <= 1e-12:
+        raise InvalidInputError(
+            f"{energy.expression()} has no floor: its weights total {tail:g} far from the data, where each"
+            " noise-conditioned model's energy grows like |x|^2 / (2 sigma^2), so its chains fall away and end as noise;"
+            " valid choices: sample it guided (form 'auto' or 'guided', cebm compose's default, or guided(...)), or"
+            " give the positive terms more weight than the negated ones")
 
 
 def constant(energy: Energy) -> bool:

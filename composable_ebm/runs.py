@@ -386,15 +386,18 @@ def checkpoint_model(run: str | Path, recipe: str | Path | None = None, device: 
 
 
 def export_run(run: str | Path, out: str | Path | None = None, recipe: str | Path | None = None,
-               license: str | None = None) -> Path:
+               license: str | None = None, overwrite: bool = False) -> Path:
     """Write a model folder (default ``run/model``) from the EMA weights of a run's latest checkpoint: a stopped
-    or killed run's model, without resuming it."""
+    or killed run's model, without resuming it. A folder that exists and is not empty is refused unless
+    ``overwrite`` (then its model files are replaced and the rest stays)."""
     from composable_ebm.model_cards import model_card
-    from composable_ebm.persistence import save_model
+    from composable_ebm.persistence import check_new_folder, save_model
 
     run = Path(run)
-    model = checkpoint_model(run, recipe)
     target = Path(out) if out is not None else run / "model"
+    if not overwrite:
+        check_new_folder(target)
+    model = checkpoint_model(run, recipe)
     card = model_card(model, steps=model.checkpoint_step, location=str(target), license=license,
                       notes=f"Exported from the checkpoint of `{run.name}` at step {model.checkpoint_step}.")
     return save_model(model, target, card=card)

@@ -20,6 +20,7 @@ import math
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +34,17 @@ log = logging.getLogger(__name__)
 
 OPERATORS = ("and", "and not", "or")
 """How a term joins the terms before it: ``+``, ``-`` (a weighted negation) or ``|`` (a new alternative)."""
-FORMS = ("plain", "guided")
-"""Plain sums (``a + b``) or the guided form (``guided(a + b)``), which needs models with a null condition. Generate
-samples the expression as `cebm compose` does with the matching ``--form`` (`page_form`): the note under the
+FORMS = ("auto", "guided", "plain")
+"""How the page samples its expression, as `cebm compose`'s ``--form`` does (`page_form`): ``auto`` (the default, as
+in Python and the command line: a sum of conditioned models with a null condition in its guided form, anything
+else as written), ``guided`` (the text says ``guided(a + b)``) or ``plain`` (as written). The note under the
 expression names the command."""
+MAX_MODELS = 8
+"""Most models the studio keeps loaded at once (`ModelCache`, least recently used first out)."""
+MAX_UPLOAD_BYTES = 1
+"""Gradio's own bound on an uploaded file: the studio takes none (`HostGuard` refuses the upload route first)."""
+MAX_KEPT_GRIDS = 16
+"""Most generated PNGs the studio keeps on disk for Download; older ones are removed."""
 MAX_TERMS = 8
 """Most terms the controls show; a longer expression is still sampled, as typed."""
 MAX_SAMPLES = 64
@@ -102,7 +110,7 @@ def alternatives(terms: Sequence[Term]) -> list[list[Term]]:
     return groups
 
 
-def terms_to_expression(terms: Sequence[Term], form: str = "plain") -> str:
+def terms_to_expression(terms: Sequence[Term], form: str = "auto") -> str:
     """The expression ``cebm compose`` takes for ``terms``: ``and`` is ``+``, ``and not`` is ``-``, ``or``
     starts a new alternative (``|``); in the guided form each alternative is wrapped in ``guided(...)``."""
     if form not in FORMS:
@@ -139,7 +147,7 @@ def _tree_terms(tree: Node) -> tuple[list[Term], str]:
     for alternative in tree.alternatives if isinstance(tree, Or) else (tree,):
         guided = isinstance(alternative, GuidedNode)
         body = alternative.node if guided else alternative
-        forms.add("guided" if guided else "plain")
+        forms.add("guided" if guided else "auto")
         group = [_tree_term(node, "and not" if sign < 0 else "and")
                  for sign, node in (body.terms if isinstance(body, Sum) else ((1, body),))]
         if terms:
@@ -166,7 +174,7 @@ def _tree_term(node: Node, op: str) -> Term:
 
 
 def expression_to_terms(text: str) -> tuple[list[Term], str] | None:
-    """The terms and form the controls show for ``text``, read from the one grammar's tree
+    """The terms and form (``guided`` for text in ``guided(...)``, else ``auto``) the controls show for ``text``, read from the one grammar's tree
     (`composable_ebm.expression.parse_tree`), or ``None`` when they cannot show it (nested parentheses, a weight on
     a parenthesised group, more than `MAX_TERMS` terms ...) or the text is not yet a whole expression. Such an
     expression is still sampled as typed. Raises `InvalidInputError` only for text the grammar cannot tokenize."""
@@ -258,20 +266,23 @@ def readings_html(images: Any, readings: Sequence[Reading], avoid: Mapping[str, 
 
 # --------------------------------------------------------------------------------------- generation
 class ModelCache:
-    """Loads each model once per name (``load_model``), so editing terms does not reload weights."""
+    """Loads each model once per name (``loader``, default `studio_loader`), so editing terms does not reload weights;
+    at most `MAX_MODELS` stay loaded, the least recently used leaving first."""
 
-    def __init__(self, device: str = "cpu", loader: Callable[..., Any] | None = None) -> None:
+    def __init__(self, device: str = "cpu", loader: Callable[..., Any] | None = None,
+                 models_root: str | Path | None = None, size: int = MAX_MODELS) -> None:
         self.device = device
-        self.models: dict[str, Any] = {}
-        self._loader = loader
+        self.models: OrderedDict[str, Any] = OrderedDict()
+        self.size = size
+        self._loader = loader or (lambda name, device: studio_loader(name, device, models_root))
 
     def __call__(self, name: str) -> Any:
-        if name not in self.models:
-            if self._loader is None:
-                from composable_ebm.persistence import load_model
-
-                self._loader = load_model
+        if name in self.models:
+            self.models.move_to_end(name)
+        else:
             self.models[name] = self._loader(name, self.device)
+            while len(self.models) > self.size:
+                self.models.popitem(last=False)
         return self.models[name]
 
     def attributes(self, name: str) -> dict[str, tuple[str, ...]]:
@@ -279,6 +290,31 @@ class ModelCache:
 
     def energy(self, expression: str) -> Any:
         return parse_expression(expression, self)
+
+
+def studio_loader(name: str, device: str = "cpu", models_root: str | Path | None = None) -> Any:
+    """Load a model the studio may serve: a bundled name, a folder under ``models_root`` (``cebm studio
+    --models-root``), or an ``org/name[@revision]`` already in the Hub cache (the studio downloads nothing). Anything
+    else is one line naming those sources, the same whether or not such a path exists: the names are read as
+    text, and no path outside the root is looked at."""
+    from composable_ebm.hub import hub_snapshot, is_repo_id
+    from composable_ebm.persistence import bundled_models, load_model
+
+    name = str(name).strip()
+    if name in bundled_models():
+        return load_model(name, device)
+    if models_root is not None:
+        root = Path(models_root).expanduser().resolve()
+        path = (root / name).resolve()
+        if path.is_relative_to(root) and path.is_dir():
+            return load_model(path, device)
+    repo, _, revision = name.partition("@")
+    if is_repo_id(repo) and not name.startswith((".", "~")):
+        return load_model(hub_snapshot(repo, revision or None, local_files_only=True), device)
+    where = f"folders under {models_root}" if models_root is not None else \
+        "folders under the --models-root the studio is started with (none was given)"
+    raise InvalidInputError(f"the studio does not load {name!r}: it serves bundled models"
+                            f" ({', '.join(bundled_models())}), models already in the Hub cache (org/name) and {where}")
 
 
 @dataclass
@@ -403,14 +439,22 @@ def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, st
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="cebm-studio-"))
     png = out_dir / f"composed-seed{int(seed)}.png"
     grid.save(png)
+    _keep_newest(out_dir, MAX_KEPT_GRIDS)
     return Generation(result.samples, grid, chain_strip(result.chain), readings, seconds, chosen.energy.expression(),
                       png, reader)
 
 
+def _keep_newest(folder: Path, count: int) -> None:
+    """Remove all but the ``count`` newest PNGs in ``folder``: the studio's disk use stays bounded."""
+    pngs = sorted(folder.glob("*.png"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in pngs[count:]:
+        old.unlink(missing_ok=True)
+
+
 def page_form(radio: str) -> str:
     """The pipeline's form for the page's composition control: ``plain`` samples the expression as written
-    (`cebm compose --form plain`); ``guided`` samples it as `cebm compose` does by default (``auto``: the text is
-    ``guided(...)``, or a sum the pipeline samples in its guided form)."""
+    (`cebm compose --form plain`); ``auto`` and ``guided`` sample it as `cebm compose` does by default (``auto``: the
+    text is ``guided(...)``, or a sum the pipeline samples in its guided form)."""
     return "plain" if radio == "plain" else "auto"
 
 
@@ -484,11 +528,12 @@ def terms_from_slots(count: int, flat: Sequence[Any]) -> list[Term]:
     return terms
 
 
-def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
-    """The Gradio app (``gradio.Blocks``); ``cebm studio`` launches it, a Space's ``app.py`` too."""
+def build_app(device: str = "cpu", models: ModelCache | None = None, models_root: str | Path | None = None) -> Any:
+    """The Gradio app (``gradio.Blocks``); ``cebm studio`` launches it, a Space's ``app.py`` too. Its models come from
+    `studio_loader` (``models_root``: the folder under which model folders may be named)."""
     import gradio as gr
 
-    models = models or ModelCache(device)
+    models = models or ModelCache(device, models_root=models_root)
     offered = energy_models()
     out_dir = Path(tempfile.mkdtemp(prefix="cebm-studio-"))
 
@@ -515,7 +560,7 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
                             gr.update(value=[], choices=[]), gr.update(value=1.0), gr.update(value=1.0)]
         return updates
 
-    def note_for(text: str, shown: bool = True, form: str = "guided") -> str:
+    def note_for(text: str, shown: bool = True, form: str = "auto") -> str:
         head = "The controls show this expression" if shown else \
             "The controls cannot show this expression; Generate samples it as typed"
         command = f'`cebm compose "{text}"' + (" --form plain`" if form == "plain" else "`")
@@ -532,7 +577,8 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
             return "", error_line(err)
         return text, note_for(text, form=form)
 
-    with gr.Blocks(title="cebm studio", analytics_enabled=False) as app:
+    # delete_cache: every 10 minutes, files Gradio made for the page (grids, chains) older than an hour are removed
+    with gr.Blocks(title="cebm studio", analytics_enabled=False, delete_cache=(600, 3600)) as app:
         gr.Markdown("# cebm studio\nCompose energy-based models: pick a model and its value for each term, join"
                     " the terms with *and*, *and not* or *or*, set weights, and generate.")
         count = gr.State(len(DEFAULT_TERMS))
@@ -559,11 +605,12 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
             removes.append(remove)
         with gr.Row():
             add = gr.Button("Add term", elem_id="add-term", scale=0)
-            form = gr.Radio(list(FORMS), value="guided", label="composition", elem_id="form", scale=2,
-                            info="guided needs models trained with a null condition")
-        expression = gr.Textbox(terms_to_expression(list(DEFAULT_TERMS), "guided"), label="expression",
+            form = gr.Radio(list(FORMS), value="auto", label="composition", elem_id="form", scale=2,
+                            info="auto: as cebm compose and .sample() (guided where every model has a null"
+                                 " condition); guided: guided(...) written out; plain: as written")
+        expression = gr.Textbox(terms_to_expression(list(DEFAULT_TERMS), "auto"), label="expression",
                                 buttons=["copy"], elem_id="expression", lines=1, max_lines=3)
-        note = gr.Markdown(note_for(terms_to_expression(list(DEFAULT_TERMS), "guided")), elem_id="expression-note")
+        note = gr.Markdown(note_for(terms_to_expression(list(DEFAULT_TERMS), "auto")), elem_id="expression-note")
         with gr.Row():
             seed = gr.Number(0, label="seed", precision=0, elem_id="seed", minimum=0)
             n = gr.Number(16, label=f"samples (at most {MAX_SAMPLES})", precision=0, elem_id="n", minimum=1,
@@ -667,6 +714,8 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
             if parsed is None:
                 return [c, *[gr.update() for _ in slot_outputs], gr.update(), f, note_for(text, shown=False, form=f)]
             terms, parsed_form = parsed
+            if parsed_form == "auto" and f == "plain":  # unwrapped text keeps the page's plain choice
+                parsed_form = "plain"
             try:  # a value the model does not have stays out of the controls: one line names the valid ones
                 models.energy(text)
             except Exception as err:  # noqa: BLE001 - shown in the page as one line
@@ -695,9 +744,9 @@ def build_app(device: str = "cpu", models: ModelCache | None = None) -> Any:
                                 step_size=step_size_value, on_step=on_step, out_dir=out_dir,
                                 form=page_form(form_value))
             except Stopped:
-                return gr.update(), gr.update(), gr.update(), gr.update(), "stopped"
-            except Exception as err:  # noqa: BLE001 - the page shows the one line and stays usable
-                return gr.update(), gr.update(), gr.update(), gr.update(), error_line(err)
+                return None, None, gr.update(value=None, visible=False), "", "stopped"
+            except Exception as err:  # noqa: BLE001 - the page shows the one line, clears the last results, stays usable
+                return None, None, gr.update(value=None, visible=False), "", error_line(err)
             done = (f"sampled `{made.expression}`: {made.samples.shape[0]} samples in {made.seconds:.1f} s of sampling")
             return (made.grid, made.chain, gr.update(value=str(made.png), visible=True),
                     readings_html(made.samples, made.readings, classifier=made.classifier), done)
@@ -735,34 +784,64 @@ def _hostname(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
-class HostGuard:
-    """ASGI middleware that answers 403 to a request whose ``Host``, or ``Origin`` when it has one, names a host the
-    studio was not started for: a page whose name resolves to 127.0.0.1 (DNS rebinding) cannot drive it."""
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]`` of a URL or origin, lower case (``http://Studio.lan:7860/x`` -> ``http://studio.lan:7860``);
+    one line for anything that is not an http(s) origin."""
+    from urllib.parse import urlsplit
 
-    def __init__(self, app: Any, allowed: frozenset[str]) -> None:
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidInputError(f"{url!r} is not an origin; write scheme://host[:port], e.g. http://studio.lan:7860")
+    return f"{parts.scheme}://{parts.netloc.lower()}"
+
+
+class HostGuard:
+    """ASGI middleware that answers 403 to what a page elsewhere could send the studio:
+
+    - a ``Host`` the studio was not started for (`allowed_hosts`): a page whose name resolves to 127.0.0.1 (DNS
+      rebinding);
+    - another origin: an ``Origin`` that is not the studio's own (the scheme, host and port the request was sent
+      to) nor one allowed by name (``--allowed-origin``). ``Origin: null`` (sandboxed frames, ``data:`` and ``file:``
+      pages) and a page on another port of the same host are other origins. A request without ``Origin`` whose
+      ``Sec-Fetch-Site`` says ``cross-site`` or ``same-site`` is refused too;
+    - an upload (Gradio's upload route, or any ``multipart/form-data`` body): the studio takes no files.
+    """
+
+    def __init__(self, app: Any, allowed: frozenset[str], origins: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.allowed = allowed
+        self.origins = origins
+
+    def problem(self, scope: dict) -> str | None:
+        """Why a request is refused, ``None`` to serve it."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        host = headers.get("host", "")
+        if _hostname(host) not in self.allowed:
+            return (f"Host {host!r} is not a host this studio was started for ({', '.join(sorted(self.allowed))});"
+                    " start it with --allowed-host NAME to add one")
+        origin = headers.get("origin")
+        scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
+        own = f"{scheme}://{host.strip().lower()}"
+        if origin is not None and origin.strip().lower() != own and origin.strip().lower() not in self.origins:
+            return (f"Origin {origin!r} is another origin than this studio's ({own}); start it with --allowed-origin"
+                    " URL to allow one")
+        site = headers.get("sec-fetch-site", "").lower()
+        if origin is None and site in ("cross-site", "same-site"):
+            return f"a {site} request (Sec-Fetch-Site) without an Origin the studio allows"
+        path = scope.get("path", "")
+        if path.rstrip("/").rsplit("/", 1)[-1].startswith("upload") or \
+                headers.get("content-type", "").lower().startswith("multipart/"):
+            return "an upload: the studio takes no files"
+        return None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] in ("http", "websocket"):
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            host = _hostname(headers.get("host", ""))
-            origin = headers.get("origin")
-            problem = None
-            if host not in self.allowed:
-                problem = f"Host {headers.get('host', '')!r}"
-            elif origin is not None and origin != "null":
-                from urllib.parse import urlsplit
-
-                parts = urlsplit(origin)
-                if parts.scheme not in ("http", "https") or (parts.hostname or "") not in self.allowed:
-                    problem = f"Origin {origin!r}"
+            problem = self.problem(scope)
             if problem is not None:
-                body = (f"forbidden: {problem} is not a host this studio was started for ({', '.join(sorted(self.allowed))});"
-                        " start it with --allowed-host NAME to add one\n").encode()
                 if scope["type"] == "websocket":
                     await send({"type": "websocket.close", "code": 1008})
                     return
+                body = f"forbidden: {problem}\n".encode()
                 await send({"type": "http.response.start", "status": 403,
                             "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                                         (b"content-length", str(len(body)).encode())]})
@@ -772,18 +851,38 @@ class HostGuard:
 
 
 def launch(host: str = "127.0.0.1", port: int | None = None, device: str = "cpu",
-           allowed_host: Sequence[str] = (), **kwargs: Any) -> Any:
+           allowed_host: Sequence[str] = (), allowed_origin: Sequence[str] = (),
+           models_root: str | Path | None = None, **kwargs: Any) -> Any:
     """Serve the studio (blocking unless ``prevent_thread_lock=True``): analytics off, fonts from the app, one request
-    at a time in a queue, and only to the hosts it was started for (`allowed_hosts`; ``allowed_host`` adds names)."""
+    at a time in a queue, only to the hosts it was started for (`allowed_hosts`; ``allowed_host`` adds names) and to
+    pages of its own origin (``allowed_origin`` adds origins by name, `HostGuard`), no uploads, and only the models
+    `studio_loader` serves (``models_root``: the folder whose model folders it may load)."""
     import os
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
     from starlette.middleware import Middleware
 
-    app = build_app(device)
+    if models_root is not None and not Path(models_root).expanduser().is_dir():
+        raise InvalidInputError(f"--models-root {models_root} is not a folder; name the folder whose model folders"
+                                " the studio may load")
+    origins = frozenset(origin_of(o) for o in allowed_origin)
+    app = build_app(device, models_root=models_root)
     app.queue(default_concurrency_limit=1)
-    guard = Middleware(HostGuard, allowed=allowed_hosts(host, allowed_host))
+    guard = Middleware(HostGuard, allowed=allowed_hosts(host, allowed_host), origins=origins)
+    block = not kwargs.pop("prevent_thread_lock", False)
     app.launch(server_name=host, server_port=port, theme=gr.themes.Default(), css=CSS, share=False,
-               show_error=False, ssr_mode=False, app_kwargs={"middleware": [guard]}, **kwargs)
+               show_error=False, ssr_mode=False, max_file_size=MAX_UPLOAD_BYTES,
+               app_kwargs={"middleware": [guard]}, prevent_thread_lock=True, **kwargs)
+    _outermost(app.server_app, guard)
+    if block:
+        app.block_thread()
     return app
+
+
+def _outermost(server: Any, guard: Any) -> None:
+    """Put ``guard`` outside Gradio's own middleware, whose CORS layer would otherwise let a page on another
+    localhost port read even the guard's refusals: the server rebuilds its stack on its next request."""
+    server.user_middleware.remove(guard)
+    server.user_middleware.insert(0, guard)
+    server.middleware_stack = None

@@ -346,7 +346,9 @@ def test_every_help_example_parses_and_runs(tmp_path, monkeypatch):
             assert result.exit_code == 0, (key, args, result.output, result.exception)
         assert "my-org/shapes-color" in hub.repos  # the push example reached the Hub
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    assert served == ([{"host": "127.0.0.1", "port": 7860, "device": device, "allowed_host": ()}] if has_studio else [])
+    studio_args = {"host": "127.0.0.1", "port": 7860, "device": device, "allowed_host": (), "allowed_origin": (),
+                   "models_root": None}
+    assert served == ([studio_args] if has_studio else [])
     assert (tmp_path / "health.png").is_file() and (tmp_path / "grid.png").is_file()
 
 

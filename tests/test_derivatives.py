@@ -87,11 +87,13 @@ def _denoising_grads(native: bool, dtype: torch.dtype | None = None) -> tuple[fl
 
 def test_the_denoising_loss_reaches_autograds_gradients():
     """The denoising loss (an input gradient differentiated again) of a U-Net energy (convolutions, group
-    normalisations and SiLUs), float32: the same loss, and parameter gradients within 1e-5 (relative) of autograd's
-    own formulas."""
+    normalisations and SiLUs), float32: the loss within 1e-6 (relative) of autograd's, and parameter gradients within
+    1e-5. The loss holds the input gradient, which the two compute with different kernels (the layers' own backward
+    against autograd's), so it agrees to float32's rounding (about 1e-7 per operation), not to the bit: 1.1709564924
+    against 1.1709566116 on one CPU."""
     loss_native, grads_native = _denoising_grads(True)
     loss_autograd, grads_autograd = _denoising_grads(False)
-    assert loss_native == loss_autograd
+    assert loss_native == pytest.approx(loss_autograd, rel=1e-6)
     assert _rel(grads_native, grads_autograd) < 1e-5
 
 

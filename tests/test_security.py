@@ -73,7 +73,8 @@ def studio_url():
     app.close()
 
 
-def _request(url: str, method: str, path: str, headers: dict[str, str], body: bytes | None = None) -> tuple[int, str]:
+def _request(url: str, method: str, path: str, headers: dict[str, str], body: bytes | None = None,
+             typed: bool = True) -> tuple[int, str]:
     import http.client
     from urllib.parse import urlsplit
 
@@ -82,7 +83,7 @@ def _request(url: str, method: str, path: str, headers: dict[str, str], body: by
     conn.putrequest(method, path, skip_host=True)
     for key, value in headers.items():
         conn.putheader(key, value)
-    if body is not None:
+    if body is not None and typed:
         conn.putheader("Content-Type", "application/json")
         conn.putheader("Content-Length", str(len(body)))
     conn.endheaders(body)
@@ -107,6 +108,87 @@ def test_the_studio_refuses_a_forged_host_or_origin(studio_url):
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"studio.lan:{port}"):
         status, _ = _request(studio_url, "GET", "/", {"Host": host})
         assert status == 200, host
+
+
+def test_the_studio_answers_only_its_own_origin(studio_url):
+    """A page of another origin cannot drive the studio: ``Origin: null`` (a sandboxed frame, a data: or file: page),
+    a page on another port of localhost, and a request without Origin that the browser marks cross-site or same-site
+    are refused (403) before Gradio sees them; the studio's own page is served."""
+    from urllib.parse import urlsplit
+
+    port = urlsplit(studio_url).port
+    host = f"127.0.0.1:{port}"
+    body = b'{"data": ["shapes-color[color=red]", "auto", 0, 1, "1", ""]}'
+    for origin in ("null", f"http://127.0.0.1:{port + 1}", f"http://localhost:{port}", f"https://127.0.0.1:{port}"):
+        status, text = _request(studio_url, "POST", "/gradio_api/call/on_generate", {"Host": host, "Origin": origin},
+                                body)
+        assert status == 403 and "another origin" in text and "--allowed-origin" in text, origin
+    for site in ("cross-site", "same-site"):
+        status, text = _request(studio_url, "GET", "/gradio_api/info", {"Host": host, "Sec-Fetch-Site": site})
+        assert status == 403 and site in text
+    status, _ = _request(studio_url, "GET", "/", {"Host": host, "Origin": f"http://{host}", "Sec-Fetch-Site": "same-origin"})
+    assert status == 200
+
+
+def test_the_studio_takes_no_uploads(studio_url):
+    """Gradio's upload route, and any multipart body, are refused: nothing is written to the studio's disk."""
+    import tempfile
+    from pathlib import Path
+    from urllib.parse import urlsplit
+
+    host = f"127.0.0.1:{urlsplit(studio_url).port}"
+    temp = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio")
+    before = sum(1 for p in temp.rglob("*")) if temp.is_dir() else 0
+    form = (b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"x.bin\"\r\n\r\n" + b"0" * 65536 +
+            b"\r\n--b--\r\n")
+    for path in ("/gradio_api/upload", "/upload", "/gradio_api/queue/join"):
+        status, text = _request(studio_url, "POST", path, {"Host": host, "Origin": f"http://{host}",
+                                                           "Content-Type": "multipart/form-data; boundary=b",
+                                                           "Content-Length": str(len(form))}, form, typed=False)
+        assert status == 403 and "upload" in text, path
+    after = sum(1 for p in temp.rglob("*")) if temp.is_dir() else 0
+    assert after == before
+
+
+def test_the_studio_loads_only_bundled_cached_and_rooted_models(tmp_path, monkeypatch):
+    """No path outside --models-root is looked at, and no Hub model is downloaded: the same line for a folder that
+    exists and one that does not, so a page learns nothing of the disk."""
+    from huggingface_hub import constants
+
+    from composable_ebm import studio
+    from tests.hub_server import HubServer
+
+    root = tmp_path / "models"
+    inside = _model_folder(root)
+    outside = _model_folder(tmp_path / "elsewhere")
+    lines = set()
+    for name in (str(outside), str(tmp_path / "missing"), "../elsewhere/m", str(inside) + "/../../elsewhere/m"):
+        with pytest.raises(InvalidInputError) as info:
+            studio.studio_loader(name, "cpu", root)
+        lines.add(str(info.value).replace(repr(name), "NAME"))
+    assert len(lines) == 1 and "bundled models" in lines.pop()
+    assert studio.studio_loader("m", "cpu", root).__class__.__name__ == "MLPEnergy"
+    assert studio.studio_loader(str(inside), "cpu", root).__class__.__name__ == "MLPEnergy"
+    with pytest.raises(InvalidInputError, match="none was given"):
+        studio.studio_loader(str(inside), "cpu", None)
+    with HubServer() as hub:  # a Hub model that is not cached is not fetched
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+        with pytest.raises(Exception, match="not in the local Hub cache"):
+            studio.studio_loader("org/anything", "cpu", root)
+        assert not hub.requests
+
+
+def test_the_studio_keeps_a_bounded_number_of_models_least_recently_used_first_out():
+    from composable_ebm import studio
+
+    loads = []
+    cache = studio.ModelCache("cpu", loader=lambda name, device: loads.append(name) or object(), size=2)
+    for name in ("a", "b", "a", "c", "a", "b"):
+        cache(name)
+    assert list(cache.models) == ["a", "b"] and loads == ["a", "b", "c", "b"]
+    assert studio.ModelCache("cpu").size == studio.MAX_MODELS
 
 
 def test_one_studio_request_is_bounded_in_samples_steps_and_work():

@@ -30,7 +30,7 @@ def test_terms_write_the_expression_cebm_compose_takes():
         "-shapes-shape[shape=square]"
 
 
-@pytest.mark.parametrize("form", ["plain", "guided"])
+@pytest.mark.parametrize("form", ["auto", "guided"])
 def test_every_expression_the_controls_write_reads_back_into_the_same_controls(form):
     cases = [
         RED_CIRCLE_LARGE,
@@ -52,7 +52,7 @@ def test_expressions_the_controls_cannot_show_are_recognised():
         assert expression_to_terms(text) is None, text
     # the controls read expression.py's tree, where parentheses around one model leave no node: the same energy
     assert expression_to_terms("2*(shapes-color[color=red])") == (
-        [Term("shapes-color", {"color": "red"}, 2.0, "and", None)], "plain")
+        [Term("shapes-color", {"color": "red"}, 2.0, "and", None)], "auto")
     with pytest.raises(InvalidInputError, match="cannot parse"):
         expression_to_terms("shapes-color[color=red] & shapes-shape")
 

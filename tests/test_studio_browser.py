@@ -24,8 +24,8 @@ expect.set_options(timeout=60_000)  # a generation on a busy 2-core CPU
 from composable_ebm import studio  # noqa: E402
 from composable_ebm.images import image_grid  # noqa: E402
 
-RED_CIRCLE_LARGE = "guided(shapes-color[color=red] + shapes-shape[shape=circle] + shapes-size[size=large])"
-"""The page's first expression: the default terms in the guided form, which the page starts in."""
+RED_CIRCLE_LARGE = "shapes-color[color=red] + shapes-shape[shape=circle] + shapes-size[size=large]"
+"""The page's first expression: the default terms, in the form ``auto`` the page starts in (as `cebm compose`)."""
 
 
 def _chromium() -> str | None:
@@ -80,7 +80,7 @@ def _expression(page):
 
 def test_red_circle_large_built_from_the_controls_generates_a_grid_with_readings(page, url):
     expr = _expression(page)
-    for left in ["guided(shapes-shape[shape=circle] + shapes-size[size=large])", "guided(shapes-size[size=large])", ""]:
+    for left in ["shapes-shape[shape=circle] + shapes-size[size=large]", "shapes-size[size=large]", ""]:
         page.click("#term-0-remove")
         expect(expr).to_have_value(left)
     for i, (model, value) in enumerate([("shapes-color", "color=red"), ("shapes-shape", "shape=circle"),
@@ -134,15 +134,22 @@ def test_a_typed_expression_moves_the_controls(page):
     expect(page.locator("#term-2")).to_be_visible()  # the controls keep what they showed
 
 
-def test_a_bad_expression_is_one_line_and_the_next_generate_works(page):
+def test_a_bad_expression_is_one_line_clears_the_last_results_and_the_next_generate_works(page):
     page.locator("#n input").fill("4")
+    page.locator("#steps input, #steps textarea").first.fill("5")
+    message = page.locator("#message")
+    page.click("#generate")
+    expect(message).to_contain_text("4 samples in")
+    expect(page.locator("#readings figure")).to_have_count(4)
     expr = _expression(page)
     expr.fill("shapes-color[color=purple] + shapes-shape[shape=circle]")
     page.click("#generate")
-    message = page.locator("#message")
     expect(message).to_contain_text("error:")
     text = message.inner_text()
     assert "purple" in text and "red" in text and "Traceback" not in text and len(text.strip().splitlines()) == 1
+    expect(page.locator("#readings figure")).to_have_count(0)  # no earlier samples shown under the error
+    expect(page.locator("#grid img")).to_have_count(0)
+    expect(page.locator("#download")).to_be_hidden()
     expr.fill("shapes-color[color=green]")
     page.click("#generate")
     expect(message).to_contain_text("4 samples in")
@@ -151,7 +158,7 @@ def test_a_bad_expression_is_one_line_and_the_next_generate_works(page):
 
 def test_deleting_a_term_updates_the_expression(page):
     page.click("#term-1-remove")
-    expect(_expression(page)).to_have_value("guided(shapes-color[color=red] + shapes-size[size=large])")
+    expect(_expression(page)).to_have_value("shapes-color[color=red] + shapes-size[size=large]")
     expect(page.locator("#term-2")).to_be_hidden()
     expect(page.locator("#term-1-model input")).to_have_value("shapes-size")
 
@@ -178,3 +185,97 @@ def test_a_typed_value_the_model_lacks_is_one_line_and_stays_out_of_the_controls
     expr.press("Enter")
     expect(page.locator("#expression-note")).to_contain_text("has no value 'purple'")
     expect(page.locator("#term-0-values")).not_to_contain_text("purple")
+
+
+def test_the_studio_draws_the_pixels_cebm_compose_draws(page, tmp_path):
+    """Typed as-is, a sum of face models is sampled as `cebm compose` samples it (the form ``auto``: guided): the
+    same grid, pixel for pixel, for one seed."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from composable_ebm.cli import app
+
+    text = "faces-smiling[smiling=yes] + faces-hat[hat=yes]"
+    expr = _expression(page)
+    expr.fill(text)
+    expr.press("Enter")
+    expect(page.locator("#expression-note")).to_contain_text(f'as cebm compose "{text}" does')
+    page.locator("#n input").fill("4")
+    page.locator("#seed input").fill("7")
+    page.click("#generate")
+    expect(page.locator("#message")).to_contain_text("4 samples in")
+    studio_png = page.request.get(page.locator("#grid img").get_attribute("src")).body()
+    out = tmp_path / "grid.png"
+    result = CliRunner().invoke(app, ["--threads", str(torch.get_num_threads()), "compose", text, "-n", "4", "--seed",
+                                      "7", "-o", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    ours = np.asarray(Image.open(io.BytesIO(studio_png)).convert("RGB"))
+    theirs = np.asarray(Image.open(out).convert("RGB"))
+    assert ours.shape == theirs.shape and np.array_equal(ours, theirs)
+
+
+ATTACK = """<!doctype html><title>elsewhere</title>
+<iframe id="sandboxed" sandbox="allow-scripts" srcdoc="<script>
+  const form = new FormData(); form.append('files', new Blob([new Uint8Array(1 << 20)]), 'x.bin');
+  fetch('STUDIO/gradio_api/upload', {method: 'POST', mode: 'no-cors', body: form})
+    .then(() => parent.postMessage('sent', '*'), () => parent.postMessage('failed', '*'));
+</script>"></iframe>
+<script>
+  window.results = {};
+  const sandboxed = new Promise(resolve => addEventListener('message', e => { window.results.sandboxed = e.data; resolve(); }));
+  const read = (name, promise) => promise.then(r => r.text().then(t => { window.results[name] = 'read ' + r.status + ' ' + t.slice(0, 80); }),
+                                              e => { window.results[name] = 'refused'; });
+  const form = new FormData(); form.append('files', new Blob([new Uint8Array(1 << 20)]), 'y.bin');
+  Promise.all([
+    sandboxed,
+    read('info', fetch('STUDIO/gradio_api/info')),
+    read('config', fetch('STUDIO/config')),
+    read('generate', fetch('STUDIO/gradio_api/call/on_generate', {method: 'POST', headers: {'Content-Type': 'application/json'},
+         body: JSON.stringify({data: ['/etc', 'auto', 0, 1, '1', '']})})),
+    fetch('STUDIO/gradio_api/upload', {method: 'POST', mode: 'no-cors', body: form}).catch(() => null),
+  ]).then(() => { window.done = true; });
+</script>"""
+
+
+def _count_files(*folders) -> int:
+    return sum(1 for folder in folders if folder.is_dir() for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_page_of_another_origin_can_neither_store_nor_read_anything(browser, url):
+    """A page on another port of localhost, and a sandboxed frame in it (``Origin: null``), try the upload route,
+    the studio's API and a generation: every answer is refused and nothing reaches the studio's disk."""
+    import http.server
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    body = ATTACK.replace("STUDIO", url.rstrip("/")).encode()
+
+    class Attacker(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    temp = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio")
+    studio_dirs = list(Path(tempfile.gettempdir()).glob("cebm-studio-*"))
+    before = _count_files(temp, *studio_dirs)
+    page = browser.new_page()
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        page.wait_for_function("window.done === true", timeout=60_000)
+        results = page.evaluate("window.results")
+    finally:
+        page.close()
+        server.shutdown()
+    assert results == {"sandboxed": "sent", "info": "refused", "config": "refused", "generate": "refused"}, results
+    assert _count_files(temp, *studio_dirs) == before

@@ -55,14 +55,53 @@ def renderer_digest() -> str:
     return hashlib.sha256(b"".join((RENDERER / f).read_bytes() for f in RENDERER_FILES)).hexdigest()[:16]
 
 
+TREE_RECORD = ".cebm-tree"
+"""The file in a renderer's cache folder that records the digest of its installed packages (`_tree_digest`)."""
+RENDER_SECONDS = (600.0, 0.05)
+"""How long one render may take before it is stopped: a fixed start (installing nothing, loading Node) plus this
+many seconds per face, about ten times what one face takes on a 2-core CPU."""
+
+
+def _tree_digest(folder: Path) -> str:
+    """A digest of every file's path and bytes under ``folder`` (links by their target), in a fixed order."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink():
+            digest.update(f"{path.relative_to(folder)}->{os.readlink(path)}\0".encode())
+        elif path.is_file():
+            digest.update(f"{path.relative_to(folder)}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _verified(home: Path) -> bool:
+    """Whether a cached renderer is the one this package ships: its script and package files byte for byte (their
+    digest names the folder), its installed packages as recorded when ``npm ci`` installed them."""
+    try:
+        if any((home / f).read_bytes() != (RENDERER / f).read_bytes() for f in RENDERER_FILES):
+            return False
+        return (home / TREE_RECORD).read_text().strip() == _tree_digest(home / "node_modules")
+    except OSError:
+        return False
+
+
 def _renderer() -> Path:
-    """A copy of the renderer with its packages installed (``npm ci`` from the lockfile, once per lockfile)."""
+    """A copy of the renderer with its packages installed (``npm ci`` from the lockfile, once per lockfile), checked
+    against what this package ships before each use (`_verified`); a cached copy that differs (an edited script, a
+    changed package) is set aside and installed again, never run."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         raise InvalidInputError(NODE_LINE)
     home = cache_root() / f"faces-renderer-{renderer_digest()}"
-    if (home / "node_modules" / ".package-lock.json").is_file():
-        return home
+    if home.exists():
+        if _verified(home):
+            return home
+        aside = Path(tempfile.mkdtemp(dir=home.parent, prefix=f".{home.name}-unverified-"))
+        try:
+            os.replace(home, aside / "renderer")
+        except FileNotFoundError:
+            pass  # another process set it aside first
+        shutil.rmtree(aside, ignore_errors=True)
     home.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=home.parent, prefix=f".{home.name}-"))
     try:
@@ -73,10 +112,12 @@ def _renderer() -> Path:
         if done.returncode != 0:
             tail = " ".join((done.stderr or done.stdout).split())[-300:]
             raise RunFailure(f"npm ci of the faces renderer failed ({tail}); the npm registry must be reachable once")
-        if home.exists():  # another process installed it meanwhile
-            shutil.rmtree(staging)
-        else:
+        (staging / TREE_RECORD).write_text(_tree_digest(staging / "node_modules") + "\n")
+        try:
             os.replace(staging, home)
+        except OSError:  # another process installed it meanwhile: keep theirs if it checks out
+            if not _verified(home):
+                raise
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -97,9 +138,14 @@ def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, shar
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     try:
-        done = subprocess.run([shutil.which("node") or "node", str(home / "render.mjs"), "--out", str(staging),
-                               "--n", str(n), "--seed", str(seed), "--size", str(size)],
-                              capture_output=True, text=True, timeout=3600)
+        limit = RENDER_SECONDS[0] + RENDER_SECONDS[1] * n
+        try:
+            done = subprocess.run([shutil.which("node") or "node", str(home / "render.mjs"), "--out", str(staging),
+                                   "--n", str(n), "--seed", str(seed), "--size", str(size)],
+                                  capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise RunFailure(f"rendering {n:,} faces did not finish in {limit:,.0f} s (the bound for that many);"
+                             f" nothing was written to {out}: render fewer faces, or check that node runs") from None
         if done.returncode != 0:
             raise RunFailure(f"rendering faces failed: {' '.join((done.stderr or done.stdout).split())[-300:]}")
         try:

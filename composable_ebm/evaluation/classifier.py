@@ -198,18 +198,21 @@ class FolderClassifier:
 def fit_folder_classifier(
     folder: str | Path, out: str | Path, attributes: list[str] | None = None,
     attribute_file: str = "list_attr_celeba.txt", size: int = 32, steps: int = 1500, held_out: float = 0.1,
-    seed: int = 0, device: torch.device | str = "cpu",
+    seed: int = 0, device: torch.device | str = "cpu", overwrite: bool = False,
 ) -> FolderClassifier:
     """Train an `AttributeClassifier` on an image folder's attributes (`composable_ebm.data.attribute_folder`) and
     save it to ``out``: the classifier `cebm eval compose` scores compositions of that folder's models with.
 
     A share ``held_out`` of the rows (drawn with ``seed``) is kept out of training and the accuracy on it returned.
+    An ``out`` that exists and is not empty is refused before training unless ``overwrite``.
     """
     from composable_ebm.data.folder import attribute_folder
     from composable_ebm.model_cards import model_card
-    from composable_ebm.persistence import save_model
+    from composable_ebm.persistence import check_new_folder, save_model
 
     folder, out = Path(folder), Path(out)
+    if not overwrite:
+        check_new_folder(out)
     data = attribute_folder(folder, attribute_file, image_size=size)
     if attributes:
         try:
@@ -224,5 +227,5 @@ def fit_folder_classifier(
                                           device=device)
     notes = (f"Trained for {steps} steps on {n - aside} images of `{folder.name}`; read right on {aside} held-out"
              " images: " + ", ".join(f"{a} {v:.3f}" for a, v in accuracy.items()) + ".") if aside else None
-    save_model(classifier.cpu(), out, card=model_card(classifier, location=str(out), notes=notes))
+    save_model(classifier.cpu(), out, card=model_card(classifier, location=str(out), notes=notes), overwrite=overwrite)
     return FolderClassifier(classifier, out, accuracy, aside)

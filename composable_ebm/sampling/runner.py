@@ -8,6 +8,7 @@ The runner takes the energy per call and holds no model.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,12 @@ from composable_ebm.sampling.transitions import (
 
 if TYPE_CHECKING:  # pragma: no cover; the sampler runs any energy it is handed and imports none
     from composable_ebm.energy import Energy, Labels
+
+MAX_SAMPLES = 1 << 20
+"""Most chains one call runs (``n``); the command line's ``-n`` has the same bound."""
+MAX_SAMPLE_ELEMENTS = 1 << 30
+"""Most elements of one call's batch of chains (``n`` times the input's size): 4 GiB in float32, before any
+network activation."""
 
 
 @dataclass
@@ -157,8 +164,15 @@ def sample(
     if cfg.augment is not None and len(energy.input_shape) != 3:
         raise ValueError(f"augmentation transitions need image energies (C, H, W); this one takes {energy.input_shape}")
     if x0 is None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise InvalidInputError(f"n must be a positive integer (the number of samples), got {n!r}")
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_SAMPLES:
+            raise InvalidInputError(f"n must be a whole number from 1 to {MAX_SAMPLES:,} (the number of samples), got"
+                                    f" {n!r}")
+        n = int(n)
+        size = math.prod(energy.input_shape)
+        if n * size > MAX_SAMPLE_ELEMENTS:
+            raise InvalidInputError(f"n={n:,} samples of shape {tuple(energy.input_shape)} are {n * size:,} elements;"
+                                    f" one call draws at most {MAX_SAMPLE_ELEMENTS:,}: n <= {MAX_SAMPLE_ELEMENTS // size:,},"
+                                    " or draw in several calls")
         dev = torch.device(device) if device is not None else energy.device
         gen = make_generator(seed, generator, dev)
         x = (ladder_start(energy, n, cfg, gen, dev) if cfg.ladder is not None

@@ -2,7 +2,9 @@
 
 A second ``cebm train`` on a folder in use is refused with the owner's pid. A lock whose
 process is gone (a killed run) is stale and taken over; a lock from another host cannot be
-checked and is refused with the path to delete once that run is known to be gone.
+checked and is refused with the path to delete once that run is known to be gone. A lock that names no
+process any machine could have (a pid outside 1 .. 2^31 - 1, a host that is not a name) was not written by a run:
+it is refused as damaged, with the path to delete, rather than taken over without a word.
 """
 
 from __future__ import annotations
@@ -14,9 +16,17 @@ import socket
 from pathlib import Path
 
 from composable_ebm.atomic import pid_alive
+from composable_ebm.configs import load_json
 from composable_ebm.errors import FolderLockedError
 
 LOCK_NAME = ".lock"
+
+
+def _plausible(owner: dict) -> bool:
+    """Whether a lock's record is one a run could have written: a host name and a pid a process can have."""
+    pid = owner.get("pid")
+    return (isinstance(owner.get("host"), str) and bool(owner["host"]) and isinstance(pid, int)
+            and not isinstance(pid, bool) and 0 < pid < 2**31)
 
 
 class RunLock:
@@ -35,12 +45,17 @@ class RunLock:
                 if owner == me:
                     self.held = True  # this process already trains here (e.g. a second Trainer object)
                     return
+                if owner is not None and not _plausible(owner):
+                    raise FolderLockedError(
+                        f"{self.path} is damaged: it names host {owner.get('host')!r}, pid {owner.get('pid')!r}, which no"
+                        f" run writes; delete it if no run uses {self.path.parent}"
+                    ) from None
                 if owner is not None and owner.get("host") != me["host"]:
                     raise FolderLockedError(
                         f"{self.path.parent} is in use by a run on host {owner.get('host')!r} (pid {owner.get('pid')});"
                         f" use another --out, or delete {self.path} if that run is gone"
                     ) from None
-                if owner is not None and isinstance(owner.get("pid"), int) and pid_alive(owner["pid"]):
+                if owner is not None and pid_alive(owner["pid"]):
                     raise FolderLockedError(
                         f"{self.path.parent} is in use by process {owner['pid']}; wait for it to finish or use another --out"
                     ) from None
@@ -56,7 +71,7 @@ class RunLock:
 
     def _owner(self) -> dict | None:
         try:
-            owner = json.loads(self.path.read_text())
+            owner = load_json(self.path.read_text(), str(self.path))
         except (OSError, ValueError):
             return None  # unreadable or torn: treat as stale
         return owner if isinstance(owner, dict) else None
