@@ -41,7 +41,6 @@ _SUBMODULES = {"analytic", "atomic", "cli", "configs", "data", "energy", "errors
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        importlib.import_module("composable_ebm.pipeline")  # installs Energy.sample for every energy the package makes
     elif name in _RENAMED:
         module, attr = _RENAMED[name]
         value = getattr(importlib.import_module(module), attr)

@@ -6,7 +6,6 @@ import torch
 from torch import Tensor
 
 from composable_ebm.energy import Energy, Labels
-from composable_ebm.pipeline import FORMS  # noqa: F401  (importing the pipeline installs Energy.sample)
 
 
 class _Gaussian(Energy):

@@ -18,7 +18,8 @@ ignores it. `noise_conditioned` says whether an expression has such a term.
 
 An energy knows nothing of sampling: how an expression is sampled (its guided form, a model's own settings,
 the generator) is decided in one place above it, `composable_ebm.pipeline`, which ``energy.sample(n)``
-hands itself to. This module imports no sampler.
+imports when it is called (the only import of a higher layer here). This module imports no sampler, and no
+module-level state decides how an energy samples.
 """
 
 from __future__ import annotations
@@ -325,11 +326,15 @@ class Energy(nn.Module):
     def sample(self, n: int, **kwargs: Any) -> Tensor:
         """Draw ``n`` samples ``(n, *input_shape)``: `composable_ebm.pipeline.sample` (Algorithm 2, in the guided
         form for a sum of conditioned models, with the models' own settings); ``seed=`` makes it repeat."""
-        return _pipeline()(self, n, **kwargs).samples
+        return self.sample_chain(n, **kwargs).samples
 
     def sample_chain(self, n: int, **kwargs: Any) -> Any:
         """Like `sample` but returns the whole `composable_ebm.sampling.SampleResult`."""
-        return _pipeline()(self, n, **kwargs)
+        # The one import of a higher layer in this module, made when a sample is asked for: the pipeline decides how
+        # an energy is sampled and imports this module, so this module cannot import it at the top.
+        from composable_ebm.pipeline import sample
+
+        return sample(self, n, **kwargs)
 
     # ----------------------------------------------------------------- algebra
     def __add__(self, other: object) -> Energy:
@@ -703,20 +708,3 @@ def guided(energy: Energy, scales: Callable[[Conditioned], float] | None = None,
     weights, terms = (energy.weights, list(energy.terms)) if isinstance(energy, WeightedSum) else ([1.0], [energy])
     return Guided(weights, terms, None if scales is None else [scales(t) for t in terms],
                   None if intervals is None else [intervals(t) for t in terms])
-
-
-_SAMPLE: Callable[..., Any] | None = None
-
-
-def use_pipeline(sample: Callable[..., Any]) -> None:
-    """Install the function ``Energy.sample`` hands itself to (`composable_ebm.pipeline.sample` installs itself on
-    import): the energy layer knows the pipeline only through this hook, so it imports nothing above it."""
-    global _SAMPLE
-    _SAMPLE = sample
-
-
-def _pipeline() -> Callable[..., Any]:
-    if _SAMPLE is None:
-        raise RuntimeError("no sampling pipeline is installed: import composable_ebm.pipeline (composable_ebm.load and"
-                           " the package's sample do) before calling Energy.sample")
-    return _SAMPLE

@@ -62,7 +62,6 @@ from composable_ebm.hub import (
     upload_folder,
 )
 from composable_ebm.model_cards import model_card
-from composable_ebm.pipeline import FORMS  # noqa: F401  (importing the pipeline installs Energy.sample)
 from composable_ebm.sampling import SamplingDefaults
 
 __all__ = [

@@ -39,7 +39,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
-from composable_ebm.energy import Conditioned, Disjunction, Energy, Guided, WeightedSum, guided, use_pipeline
+from composable_ebm.energy import Conditioned, Disjunction, Energy, Guided, WeightedSum, guided
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling import SampleResult, SamplerConfig, SamplingDefaults, with_overrides
 from composable_ebm.sampling import sample as run_sampler
@@ -305,6 +305,3 @@ def _term_key(term: Energy) -> tuple:
     if isinstance(term, Conditioned) and not any(isinstance(v, Tensor) for v in term.bound.values()):
         return (id(term.base), tuple(sorted(term.bound.items())))
     return (id(term),)
-
-
-use_pipeline(sample)

@@ -271,7 +271,7 @@ def test_the_family_trains_saves_loads_composes_and_samples_through_the_same_com
     assert torch.equal(samples, model.condition(color="red").sample(3, seed=0))
     from composable_ebm import studio
 
-    models = studio.ModelCache("cpu")
+    models = studio.ModelCache("cpu", models_root=tmp_path)  # the studio loads folders under the root it is given
     made = studio.generate(models, f"{folder}[color=red] + {folder}[color=green]", n=2, seed=0, out_dir=tmp_path)
     assert made.samples.shape == (2, 3, 16, 16) and made.png.is_file()
     summary = studio.sampler_summary(models, f"{folder}[color=red]")

@@ -486,7 +486,7 @@ def test_api_errors_name_the_problem():
         torch.tensor(2.0) * color
     with pytest.raises(TypeError, match="energy weights are Python numbers"):
         color * torch.tensor(2.0)
-    with pytest.raises(InvalidInputError, match="n must be a positive integer .the number of samples., got 2.5"):
+    with pytest.raises(InvalidInputError, match="n must be a whole number from 1 to 1,048,576 .the number of samples., got 2.5"):
         color.condition(color="red").sample(n=2.5)
     with pytest.raises(ValueError, match=r"attribute 'color' is already bound in shapes-color\[red\]"):
         color.condition(color="red").condition(color="blue")
@@ -576,10 +576,14 @@ def test_type_confusions_and_damaged_small_files_are_one_line(tmp_path):
     _one_line_error(runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "3"]),
                     "log.jsonl, line", "not a log record", "remove the line")
     _one_line_error(runner.invoke(app, ["plot", str(run), "-o", str(tmp_path / "h.png")]), "not a log record")
-    # a lock naming a process id no process can have is stale, not an OverflowError
+    # a lock naming a process id no process can have is damaged: one line naming the file, not an OverflowError and
+    # not a run that trains as if no lock were there
     lines = (run / "log.jsonl").read_text().splitlines()[:-1]
     (run / "log.jsonl").write_text("".join(line + "\n" for line in lines))
     (run / ".lock").write_text(json.dumps({"pid": 10**20, "host": socket.gethostname()}))
+    _one_line_error(runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "3"]),
+                    ".lock is damaged", "delete it if no run uses")
+    (run / ".lock").unlink()
     result = runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "3"])
     assert result.exit_code == 0, result.output
 
