@@ -677,9 +677,10 @@ def eval_fid(
 @eval_app.command("ood")
 def eval_ood(
     model: Annotated[str, typer.Argument(help="Model folder, bundled name or org/name.")],
-    in_data: Annotated[str, typer.Option("--in", help="In-distribution data: shapes, digits, or a folder of images.")],
+    in_data: Annotated[str, typer.Option(
+        "--in", help="In-distribution data: a registered dataset (shapes, digits, faces ...) or a folder of images.")],
     out_data: Annotated[str, typer.Option(
-        "--out", help="Out-of-distribution data: shapes, digits, noise, or a folder of images.")],
+        "--out", help="Out-of-distribution data: a registered dataset, noise, or a folder of images.")],
     condition: Annotated[list[str], typer.Option("--condition", "-c", help="attr=value (repeatable).")] = [],  # noqa: B006
     n: Annotated[int, typer.Option("-n", min=1, max=MAX_SAMPLES,
                                    help="Images of each side (a folder: at most this many).")] = 500,
@@ -688,15 +689,20 @@ def eval_ood(
 ) -> None:
     """OOD AUROC of -E(x) between two datasets or image folders (resized to the model's input shape).
 
-    A conditional model trained without label dropout needs its attributes bound (-c).
+    A registered dataset is drawn with its own defaults and, where its settings have them, n images at the model's
+    size from the seed (the out side from seed + 1). A conditional model trained without label dropout needs its
+    attributes bound (-c).
 
     \b
     Example: cebm eval ood shapes-color -c color=red --in shapes --out noise
     """
+    import dataclasses
+
     import torch
     import torch.nn.functional as F
 
-    from composable_ebm.data import digits, shapes
+    from composable_ebm.configs import config_from_dict
+    from composable_ebm.data import DATASETS
     from composable_ebm.evaluation import ood_auroc
     from composable_ebm.images import load_image_folder
 
@@ -706,20 +712,30 @@ def eval_ood(
         energy = energy.condition(**bindings)
     c, h, w = energy.input_shape
 
+    def registered(name: str, offset: int) -> torch.Tensor:
+        if name not in DATASETS.names():
+            raise InvalidInputError(f"unknown data {name!r}; valid choices: a registered dataset"
+                                    f" ({', '.join(DATASETS.names())}), noise, or a folder of images")
+        cls = DATASETS.get(name)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        given = {k: v for k, v in {"n": n, "size": h, "seed": seed + offset}.items() if k in fields}
+        data = config_from_dict(cls, given).build()
+        x = getattr(data, "images", None)
+        if x is None or x.ndim != 4:
+            raise InvalidInputError(f"{name} is not a dataset of images; valid choices: an image dataset"
+                                    f" ({', '.join(DATASETS.names())}), noise, or a folder of images")
+        x = x[:n]
+        return x.float() / 255 if x.dtype == torch.uint8 else x.float()
+
     def images(name: str, offset: int) -> torch.Tensor:
-        if name == "shapes":
-            x = shapes(n, h, seed=seed + offset, split="all").images
-        elif name == "digits":
-            x = digits(h).images[:n]
-        elif name == "noise":
+        if name == "noise":
             x = torch.rand(n, c, h, w, generator=torch.Generator().manual_seed(seed + offset))
         elif Path(name).is_dir():
             x = load_image_folder(name, size=h, limit=n)
-            if c == 1:  # a grey model reads the folder's luminance
-                x = (0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:]).clamp(0, 1)
         else:
-            raise InvalidInputError(f"unknown data {name!r}; valid choices: 'digits', 'noise', 'shapes' or a folder"
-                                    " of images")
+            x = registered(name, offset)
+        if c == 1 and x.shape[1] == 3:  # a grey model reads the images' luminance
+            x = (0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:]).clamp(0, 1)
         x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False) if x.shape[-1] != w else x
         return x.expand(-1, c, -1, -1) if x.shape[1] == 1 and c == 3 else x[:, :c]
 

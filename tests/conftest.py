@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -27,6 +29,11 @@ def tiny_config(**overrides) -> ResNetConfig:
     base = dict(name="tiny", image_size=8, stem_channels=8, blocks=TINY_BLOCKS, groups=4, multiscale=True)
     base.update(overrides)
     return ResNetConfig(**base)
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one torch thread per worker (the CLI's default too): workers share the cores
+    os.environ["CEBM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -39,6 +39,7 @@ def test_bundled_model_loads_by_short_name_with_its_attribute_and_settings(name)
     assert torch.isfinite(model(x, {attribute: torch.zeros(8, dtype=torch.long)})).all()
 
 
+@pytest.mark.models
 @pytest.mark.parametrize("name", sorted(bundled_models()))
 def test_model_card_usage_runs_as_written(name):
     card = (BUNDLED_DIR / name / "README.md").read_text()
@@ -72,6 +73,7 @@ def test_bundled_classifier_reads_clean_renders():
         assert float((pred[attribute] == labels).float().mean()) > 0.99
 
 
+@pytest.mark.models
 def test_bundled_models_compose_a_held_out_combination():
     # red circles were held out of every model's training split; `cebm eval compose` reads 0.95 joint accuracy
     # for this expression (guided, the default) over 64 samples, so 32 seeded samples under 0.6 mean a regression
@@ -84,6 +86,7 @@ def test_bundled_models_compose_a_held_out_combination():
     assert float(joint.float().mean()) >= 0.6
 
 
+@pytest.mark.models
 def test_the_faces_sentence_draws_the_held_out_triple():
     # no model saw a smiling face with glasses and a hat; benchmarks/faces.py reads 1.000 joint accuracy for this
     # composite (guided, the default) over 64 samples, so 32 seeded samples under 0.6 mean a regression
@@ -97,6 +100,7 @@ def test_the_faces_sentence_draws_the_held_out_triple():
     assert float(joint.float().mean()) >= 0.6
 
 
+@pytest.mark.models
 @needs_node
 def test_bundled_faces_classifier_reads_fresh_renders(monkeypatch, tmp_path):
     monkeypatch.setenv("CEBM_CACHE", str(tmp_path))  # renders here, not into the user's cache

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from composable_ebm import Energy, MLPConfig, MLPEnergy, shapes
 from composable_ebm.cli import app
-from composable_ebm.evaluation import AttributeClassifier, ClassifierConfig, train_classifier
+from composable_ebm.evaluation import AttributeClassifier
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment
 from composable_ebm.training import Trainer, TrainerConfig, label_loss, other_values
@@ -58,6 +58,7 @@ def _blob_config(**overrides) -> TrainerConfig:
     return TrainerConfig(**base)
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_label_mix_of_negatives_is_the_datas(seed):
     """Every chain runs under its positive's label, so the negatives' mix tracks the data's (0.7 here)."""
@@ -70,6 +71,7 @@ def test_label_mix_of_negatives_is_the_datas(seed):
     assert abs(float(second_half.float().mean()) - 0.7) < 0.04
 
 
+@pytest.mark.learning
 def test_conditional_energy_classifies_fresh_data_without_label_offsets():
     """argmin_y E(x | y) recovers the label of fresh points: no per-label energy offset dominates."""
     torch.manual_seed(0)
@@ -169,12 +171,10 @@ def test_an_energy_that_overrides_forward_is_refused():
 # ----------------------------------------------------------------------- attribute-safe augmentation
 @pytest.fixture(scope="module")
 def shapes_classifier() -> AttributeClassifier:
-    data = shapes(3000, 16, seed=1, split="all")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        clf = AttributeClassifier(ClassifierConfig(image_size=16, width=16, attributes=data.attributes))
-        train_classifier(clf, data.images, data.labels, steps=250)
-    return clf.eval()
+    """The bundled Shapes classifier (every attribute of 16-px Shapes read right >= 0.99)."""
+    from composable_ebm.persistence import load_model
+
+    return load_model("shapes-classifier")
 
 
 ATTRIBUTES = ("shape", "color", "size", "position")
@@ -186,6 +186,7 @@ OTHER_RECIPES = [ROOT / "recipes" / "shapes-color.toml"]
 """The colour model's first stage."""
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("path", sorted([*ATTRIBUTE_RECIPES.values(), *OTHER_RECIPES]),
                          ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_augmentations_leave_the_models_attribute_unchanged(path, shapes_classifier):
@@ -208,6 +209,7 @@ def test_recipe_augmentations_leave_the_models_attribute_unchanged(path, shapes_
         assert agree > 0.97, f"{where} augmentation of shapes-{attribute} changes {attribute}: {agree:.3f} kept"
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("attribute", sorted(ATTRIBUTE_RECIPES))
 def test_no_training_positive_or_chain_start_is_a_held_out_combination(attribute, shapes_classifier):
     """Clean zero-shot: 40 batches of 256 positives drawn by the recipe's own trainer (augmented as in

@@ -47,9 +47,9 @@ def test_first_and_second_derivatives_pass_gradcheck(geometry):
     """gradcheck and gradgradcheck (finite differences, float64) of the convolution with its own derivatives, for
     strides, dilation and groups: the input gradient and its derivatives in the input, the weights and the bias."""
     use_own_derivatives(True)
-    layer = Conv2d(4, 6, 3, **geometry).double()
+    layer = Conv2d(4, 4, 3, **geometry).double()
     geo = derivatives._Geometry(layer.stride, layer.padding, layer.dilation, layer.groups)
-    x = torch.randn(2, 4, 7, 7, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 4, 5, 5, dtype=torch.float64, requires_grad=True)
     w = layer.weight.detach().clone().requires_grad_(True)
     b = layer.bias.detach().clone().requires_grad_(True)
 
@@ -156,6 +156,7 @@ def test_the_setting_defaults_to_the_cpu_and_refuses_other_values():
         use_own_derivatives("gpu")
 
 
+@pytest.mark.subprocess
 def test_an_unknown_environment_setting_is_one_line_naming_the_choices():
     """``CEBM_OWN_DERIVATIVES`` other than 0, 1 or cpu stops the import of the networks with one line that names
     them."""

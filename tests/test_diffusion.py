@@ -47,6 +47,7 @@ def tiny_unet(**overrides) -> DenoisingUNetEnergy:
     return DenoisingUNetEnergy(DenoisingUNetConfig(**base))
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("method", ["langevin", "mala", "hmc"])
 @pytest.mark.parametrize("sigma", [1.0, 0.3, 0.05])
 def test_a_sum_of_two_noised_gaussians_samples_their_closed_form_product_at_every_level(method, sigma):
@@ -212,6 +213,7 @@ def test_a_ladder_asks_for_exact_noise_one_round_and_no_augmentation():
         sample(GaussianEnergy(torch.zeros(2), torch.eye(2)), 4, SamplerConfig(noise="exact", ladder=ladder), seed=0)
 
 
+@pytest.mark.learning
 def test_denoising_score_matching_learns_the_score_of_gaussian_data():
     """Trained on images whose pixels are N(0.5, 0.1^2), the model's score at a level points to the data: at sigma the
     noised data is N(0.5, 0.1^2 + sigma^2), whose score at x is -(x - 0.5) / (0.1^2 + sigma^2)."""
@@ -245,6 +247,7 @@ def tiny_diffusion_recipe(path: Path, *replacements: tuple[str, str]) -> Path:
     return path
 
 
+@pytest.mark.learning
 def test_the_family_trains_saves_loads_composes_and_samples_through_the_same_commands(tmp_path):
     recipe = tiny_diffusion_recipe(tmp_path / "tiny.toml", ("levels = 15", "levels = 3"),
                                    ('dataset = "shapes"', 'dataset = "shapes"\nattributes = ["color"]'))

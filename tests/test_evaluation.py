@@ -47,28 +47,37 @@ def trained_classifier():
     return clf.eval()  # shared by several tests: none of them changes it
 
 
+@pytest.mark.learning
 def test_attribute_classifier_exceeds_98_percent_on_unseen_shapes_images(trained_classifier):
     test = shapes(1000, 16, seed=1, split="all")
     acc = attribute_accuracy(trained_classifier, test.images, test.labels)
     assert min(acc.values()) > 0.98, acc
 
 
-def test_compositional_accuracy_counts_attributes_and_joint_hits(trained_classifier):
+@pytest.fixture(scope="module")
+def bundled_classifier():
+    """The bundled Shapes classifier: reads 16-px Shapes, no training needed."""
+    from composable_ebm.persistence import load_model
+
+    return load_model("shapes-classifier")
+
+
+def test_compositional_accuracy_counts_attributes_and_joint_hits(bundled_classifier):
     red_circles = shapes(100, 16, seed=5, holdout=[{"color": "red", "shape": "circle"}], split="heldout")
-    score = compositional_accuracy(red_circles.images, trained_classifier, {"color": "red", "shape": "circle"})
+    score = compositional_accuracy(red_circles.images, bundled_classifier, {"color": "red", "shape": "circle"})
     assert score.per_attribute["color"] > 0.95 and score.per_attribute["shape"] > 0.95 and score.joint > 0.9
-    blue_circles = compositional_accuracy(red_circles.images, trained_classifier, {"color": "blue", "shape": "circle"})
+    blue_circles = compositional_accuracy(red_circles.images, bundled_classifier, {"color": "blue", "shape": "circle"})
     assert blue_circles.per_attribute["color"] < 0.05 and blue_circles.joint < 0.05
     assert blue_circles.per_attribute["shape"] > 0.95
     with pytest.raises(ValueError, match="valid values"):
-        compositional_accuracy(red_circles.images, trained_classifier, {"color": "pink"})
+        compositional_accuracy(red_circles.images, bundled_classifier, {"color": "pink"})
 
 
-def test_classifier_round_trips_through_config_and_safetensors(trained_classifier, tmp_path):
-    save_model(trained_classifier, tmp_path / "clf")
+def test_classifier_round_trips_through_config_and_safetensors(bundled_classifier, tmp_path):
+    save_model(bundled_classifier, tmp_path / "clf")
     loaded = load_model(tmp_path / "clf")
     x = shapes(20, 16, seed=9).images
-    torch.testing.assert_close(loaded(x)["shape"], trained_classifier(x)["shape"])
+    torch.testing.assert_close(loaded(x)["shape"], bundled_classifier(x)["shape"])
     assert json.loads((tmp_path / "clf" / "config.json").read_text())["model_type"] == "attribute_classifier"
 
 
@@ -242,6 +251,7 @@ def test_the_blind_training_mix_is_the_training_split_seen_without_colour():
     assert abs(circle["size"]["small"] - 0.5) < 0.05 and circle["color"]["red"] == 1 / 3
 
 
+@pytest.mark.learning
 def test_the_digits_benchmark_reads_digits_and_splits_each_digit_into_a_floor_and_a_disjoint_reference():
     pytest.importorskip("sklearn")
     from benchmarks.digits import digit_sets, digits_classifier
@@ -261,6 +271,7 @@ def test_the_digits_benchmark_reads_digits_and_splits_each_digit_into_a_floor_an
     assert held_out > 0.9 and classifier.config.in_channels == 1  # grey stays grey
 
 
+@pytest.mark.learning
 def test_the_digits_benchmark_measures_every_digit_of_every_model_given(tmp_path, monkeypatch):
     pytest.importorskip("sklearn")
     from benchmarks import digits as bench
@@ -440,6 +451,7 @@ def test_every_faces_report_names_the_settings_its_run_was_given_in_its_command(
         assert "levels 30, first steps 0" in text or "levels 30 and first steps 0" in text
 
 
+@pytest.mark.compile
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
                     reason="torch.compile on the CPU needs a C++ compiler")
 def test_compiled_chain_matches_eager_and_restores():
@@ -475,6 +487,7 @@ def test_compiled_chain_matches_eager_and_restores():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.compile
 def test_compiled_denoising_loss_is_one_graph_with_the_eager_loss_and_gradients():
     """benchmarks/throughput.py --compile, a denoising recipe: the loss compiled whole (the input gradient by
     torch.func.grad inside the graph) draws the eager batch's loss and parameter gradients, as one graph."""

@@ -30,6 +30,7 @@ def cache(tmp_path_factory):
         os.environ["CEBM_CACHE"] = old
 
 
+@pytest.mark.subprocess
 @needs_node
 def test_the_same_seed_renders_the_same_bytes_and_another_seed_other_faces(cache, tmp_path):
     a, b, c = (render_faces(tmp_path / name, 24, seed) for name, seed in (("a", 5), ("b", 5), ("c", 6)))
@@ -67,6 +68,7 @@ def test_a_cache_folder_another_process_renders_first_is_kept_and_a_users_folder
         render_faces(tmp_path / "mine", 6, seed=3)
 
 
+@pytest.mark.subprocess
 @needs_node
 def test_faces_carry_four_independent_balanced_attributes_and_the_held_out_triple_is_left_out(cache):
     data = faces(400, seed=0, size=16)

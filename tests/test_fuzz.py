@@ -28,6 +28,8 @@ from composable_ebm.training import Trainer, TrainerConfig
 from tests.conftest import tiny_config
 from tests.test_cli import TINY_RECIPE
 
+pytestmark = pytest.mark.fuzz
+
 STRANGE_VALUES = ["x", "", -1, 0, 1.5, 10**9, 10**30, -(10**12), None, [], {}, True, [1, 2, 3], {"a": 1}, float("nan"),
                   float("inf"), "NaN", 40000]
 

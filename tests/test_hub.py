@@ -16,6 +16,7 @@ from composable_ebm.persistence import load_model, save_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.subprocess
 def test_hub_id_resolves_through_snapshot_download_from_a_prefilled_cache(tmp_path):
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "models--someorg--toy"
@@ -93,6 +94,7 @@ for revision in ("main", "v2"):  # each card's usage block runs as written and l
 """
 
 
+@pytest.mark.subprocess
 def test_push_then_load_round_trips_bit_for_bit_through_a_local_hub(tmp_path):
     from tests.hub_server import HubServer
 

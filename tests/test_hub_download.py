@@ -109,6 +109,7 @@ def _weights_script(hub, status: int, headers: dict, chunks: list):
     hub.script = script
 
 
+@pytest.mark.subprocess
 def test_a_trickling_download_ends_at_the_file_bound_and_leaves_nothing(hub, monkeypatch):
     monkeypatch.setenv("CEBM_HUB_FILE_TIMEOUT", "1.5")
     _weights_script(hub, 200, {"Content-Length": "100000"}, [b"x" * 10, 0.3] * 40)  # 33 bytes a second
@@ -120,6 +121,7 @@ def test_a_trickling_download_ends_at_the_file_bound_and_leaves_nothing(hub, mon
     assert not [f for f in _cache_files(hub) if "incomplete" in f or WEIGHTS_NAME in f]
 
 
+@pytest.mark.subprocess
 def test_a_download_that_stalls_midway_ends_at_the_read_bound(hub):
     _weights_script(hub, 200, {"Content-Length": "100000"}, [b"x" * 100, 5])
     t0 = time.perf_counter()
@@ -159,6 +161,7 @@ def test_what_the_hub_said_is_what_the_user_reads(hub, status, headers, body, er
     assert "did not answer" not in str(err.value)
 
 
+@pytest.mark.subprocess
 def test_a_push_to_a_hub_that_never_answers_fails_within_the_timeout(tmp_path, monkeypatch):
     folder = save_model(MLPEnergy(MLPConfig(name="toy", hidden=8, depth=1)), tmp_path / "m")
     monkeypatch.setenv("CEBM_HUB_TIMEOUT", "1")

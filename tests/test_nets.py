@@ -216,6 +216,7 @@ def test_an_unknown_input_transform_is_one_line_naming_the_registered_ones():
         tiny_config(input_transforms="channel-sort")
 
 
+@pytest.mark.subprocess
 def test_a_transform_is_found_by_name_without_its_module_imported_first():
     """A saved model lists its transforms by name; the registry finds the Shapes ones through their entry points."""
     code = ("import sys; from composable_ebm.nets.transforms import TRANSFORMS; "
@@ -277,6 +278,7 @@ def test_unknown_condition_head_names_the_choices():
         tiny_config(condition_head="cross")
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("name", ["resnet-conditional", "resnet-late-film", "unet", "unet-without-null"])
 def test_torch_compile_traces_a_conditional_network_whole_and_checks_its_labels_as_it_runs(name):
     """The label checks that read indices back to the host are skipped while torch.compile traces (as during a CUDA

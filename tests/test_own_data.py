@@ -57,6 +57,7 @@ def recipe_for(tmp: Path, name: str, column: str, attribute: str) -> Path:
     return path
 
 
+@pytest.mark.learning
 def test_a_folder_of_your_own_images_trains_composes_and_is_scored(tmp_path):
     """Folder -> two attribute models (a 1/-1 column and a column of words) -> a classifier of the folder's
     attributes -> a composed grid -> `eval compose`, all through the CLI."""
@@ -125,6 +126,7 @@ def test_a_stopped_run_keeps_its_checkpoint_and_model_and_export_makes_one_from_
     assert result.exit_code == 2 and "holds no checkpoint.pt" in result.output
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigterm_stops_training_with_a_checkpoint_and_a_model(tmp_path):
     make_faces(tmp_path / "faces")
@@ -145,6 +147,7 @@ def test_sigterm_stops_training_with_a_checkpoint_and_a_model(tmp_path):
     assert (run / "checkpoint.pt").is_file() and (run / "model" / "config.json").is_file()
 
 
+@pytest.mark.subprocess
 def test_training_into_a_log_file_writes_no_carriage_returns(tmp_path):
     """A progress bar draws on a terminal only: `cebm train ... > log` writes plain lines."""
     make_faces(tmp_path / "faces")

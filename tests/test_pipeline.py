@@ -117,6 +117,7 @@ def test_compose_of_a_model_minus_itself_is_one_line(tmp_path):
     assert not (tmp_path / "z.png").exists()
 
 
+@pytest.mark.subprocess
 def test_an_energy_samples_in_a_fresh_process_through_any_public_door():
     """`Energy.sample` works whichever public module made the energy (the method imports the pipeline itself)."""
     import subprocess

@@ -105,6 +105,7 @@ def _load_in_subprocess(env: dict, code: str) -> tuple[subprocess.CompletedProce
     return out, time.perf_counter() - t0
 
 
+@pytest.mark.subprocess
 def test_a_hub_that_never_answers_fails_within_the_timeout_and_a_cached_model_never_asks(tmp_path):
     _prefill_cache(tmp_path, "someorg/cached", _mlp("cached"))
     with _SilentServer() as endpoint:
@@ -127,6 +128,7 @@ def test_a_hub_that_never_answers_fails_within_the_timeout_and_a_cached_model_ne
         assert cli.stderr.startswith("error: someorg/uncached is not in the local cache")
 
 
+@pytest.mark.subprocess
 def test_offline_with_nothing_cached_is_one_line_within_a_second(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path))
     code = ("import time, composable_ebm as c\nload = c.load  # imports torch (lazily, on first use)\n"
@@ -154,6 +156,7 @@ persistence.save_model(MLPEnergy(MLPConfig(name="v2", hidden=8, depth=1)), sys.a
 """
 
 
+@pytest.mark.subprocess
 def test_a_kill_between_the_renames_of_a_save_loses_no_model(tmp_path):
     folder = tmp_path / "m"
     save_model(_mlp("v1"), folder, card="# v1\n")

@@ -3,6 +3,7 @@ noise (docs/safety.md lists them)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -80,7 +81,7 @@ def test_train_classifier_refuses_a_folder_that_is_not_empty_before_training(tmp
     for i in range(8):
         Image.new("RGB", (8, 8), (255 * (i % 2), 0, 0)).save(data / f"{i:06d}.png")
         rows.append(f"{i:06d}.png {1 if i % 2 else -1}")
-    (data / "list_attr_celeba.txt").write_text(f"8\nRed\n" + "\n".join(rows) + "\n")
+    (data / "list_attr_celeba.txt").write_text("8\nRed\n" + "\n".join(rows) + "\n")
     out = save_model(_tiny(), tmp_path / "clf")
     before = (out / "model.safetensors").read_bytes()
     args = ["train-classifier", str(data), "--out", str(out), "--size", "8", "--steps", "1", "--device", "cpu"]
@@ -186,12 +187,16 @@ def test_a_plain_difference_of_noise_conditioned_models_is_refused_naming_the_gu
 
 
 def test_a_plain_difference_with_a_floor_is_planned_and_the_guided_difference_samples():
+    from composable_ebm.energy import Guided
     from composable_ebm.pipeline import plan
 
     glasses = cebm.load("faces-glasses").condition(glasses="yes")
     hat = cebm.load("faces-hat").condition(hat="yes")
     plan(glasses - 0.5 * hat, "plain")  # weights total 0.5: it has a floor
-    assert (glasses - hat).sample(n=1, seed=0, steps=1).shape == (1, 3, 16, 16)  # auto: the guided form
+    assert isinstance(plan(glasses - hat).energy, Guided)  # auto: the guided form, which has one
+    ladder = plan(glasses - hat).config.ladder
+    short = dataclasses.replace(ladder, levels=2, first_steps=1)
+    assert (glasses - hat).sample(n=1, seed=0, steps=1, ladder=short).shape == (1, 3, 16, 16)
     with pytest.raises(InvalidInputError, match="has no floor"):
         (glasses - hat).sample(n=1, form="plain")
 
@@ -247,3 +252,17 @@ def test_a_render_that_runs_past_its_bound_is_one_line_and_writes_nothing(tmp_pa
     with pytest.raises(RunFailure, match=r"rendering 100,000 faces did not finish in 5,600 s"):
         faces.render_faces(out, 100_000)
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".faces-")]
+
+
+# ------------------------------------------------------------------------------------------------- eval ood
+def test_eval_ood_takes_any_registered_image_dataset_and_names_the_choices():
+    """`eval ood` reads the dataset registry, not a list of two names: digits (grey, expanded to the model's three
+    channels) against shapes gives an AUROC; a name that is no dataset, or a dataset of points, is one line."""
+    result = runner.invoke(app, ["eval", "ood", "shapes-color", "-c", "color=red", "--in", "shapes", "--out", "digits",
+                                 "-n", "16"])
+    assert result.exit_code == 0, result.output
+    assert 0.0 <= json.loads(result.output)["auroc"] <= 1.0
+    result = runner.invoke(app, ["eval", "ood", "shapes-color", "--in", "shapes", "--out", "nothing", "-n", "4"])
+    assert result.exit_code == 2 and "valid choices: a registered dataset" in result.output and "faces" in result.output
+    result = runner.invoke(app, ["eval", "ood", "shapes-color", "--in", "shapes", "--out", "toy2d", "-n", "4"])
+    assert result.exit_code == 2 and "toy2d is not a dataset of images" in result.output

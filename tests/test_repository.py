@@ -18,11 +18,24 @@ def ci_command(name: str) -> str:
 
 
 def test_readme_starts_with_the_install_and_test_commands_that_ci_runs():
-    blocks = re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.DOTALL)
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)\n```", readme, re.DOTALL)
     assert blocks[0].startswith(ci_command("INSTALL"))
     assert blocks[1] == ci_command("TEST")
+    assert f"`{ci_command('FULL')}`" in readme  # the README names the rest of what CI runs
 
 
+def test_every_marker_ci_runs_is_registered_and_the_default_run_leaves_them_out():
+    import tomllib
+
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    registered = {line.split(":")[0] for line in options["markers"]}
+    full = set(re.search(r'-m "(.*)"', ci_command("FULL")).group(1).split(" or "))
+    left_out = set(re.search(r"-m 'not \((.*)\)'", options["addopts"]).group(1).split(" or "))
+    assert full <= registered and full | {"slow"} == left_out == registered
+
+
+@pytest.mark.docs
 def test_the_docs_site_renders_no_sphinx_roles_and_loads_nothing_from_other_hosts(tmp_path):
     import re
     import subprocess

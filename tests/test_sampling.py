@@ -49,6 +49,7 @@ def test_unadjusted_langevin_with_a_large_step_is_biased_but_mala_is_not():
     assert torch.linalg.eigvalsh(torch.cov(ula.samples.T))[0] > 1.3 * torch.linalg.eigvalsh(COV)[0]
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("method", ["langevin", "mala"])
 def test_sum_of_two_gaussian_energies_samples_the_product_gaussian(method):
     m1, c1 = torch.tensor([2.0, 0.0]), torch.tensor([[1.0, 0.3], [0.3, 0.5]])
@@ -273,6 +274,7 @@ def test_bad_settings_are_rejected_with_the_valid_choices(image_energy):
         AugmentConfig(crop_scale=(0.0, 1.0))
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("temperature", [2.0, 0.5])
 def test_temperature_scales_the_spread_under_the_decoupled_noise_sampler(temperature):
     """``E / T`` under the fixed-noise Langevin sampler the bundled models use (step and noise set apart):

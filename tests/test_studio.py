@@ -115,6 +115,7 @@ def test_generate_samples_the_expression_and_reads_it(tmp_path):
     assert "1 x 60 steps, step size 20" in summary and "(60 steps in all)" in summary
 
 
+@pytest.mark.models
 def test_faces_composites_are_read_by_the_bundled_faces_classifier(tmp_path):
     made = studio.generate(studio.ModelCache("cpu"), "faces-smiling[smiling=yes] + faces-hat[hat=yes]", n=2, seed=0,
                            out_dir=tmp_path)

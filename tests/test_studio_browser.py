@@ -24,6 +24,8 @@ expect.set_options(timeout=60_000)  # a generation on a busy 2-core CPU
 from composable_ebm import studio  # noqa: E402
 from composable_ebm.images import image_grid  # noqa: E402
 
+pytestmark = pytest.mark.browser
+
 RED_CIRCLE_LARGE = "shapes-color[color=red] + shapes-shape[shape=circle] + shapes-size[size=large]"
 """The page's first expression: the default terms, in the form ``auto`` the page starts in (as `cebm compose`)."""
 

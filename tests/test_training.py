@@ -318,6 +318,7 @@ def test_failed_save_leaves_the_previous_checkpoint_intact(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temp file left behind
 
 
+@pytest.mark.subprocess
 def test_sigkilled_run_resumes_to_bit_identical_weights(tmp_path):
     """Kill -9 at step 10 (last checkpoint: step 8), resume, and end where an uninterrupted run ends."""
     run = [sys.executable, str(WORKER)]
@@ -382,6 +383,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.subprocess
 def test_ddp_two_gloo_processes_keep_identical_weights(tmp_path):
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
