@@ -13,6 +13,7 @@ Revisions are checked against git's ref-name rules before any path is built from
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from composable_ebm.atomic import write_atomic
-from composable_ebm.configs import MAX_CONFIG_BYTES, MAX_PARAMETERS
+from composable_ebm.configs import MAX_CONFIG_BYTES, MAX_PARAMETERS, load_json
 from composable_ebm.errors import HubUnavailableError, InvalidInputError, ModelNotFoundError, ModelFileError
 
 CONFIG_NAME = "config.json"
@@ -216,8 +217,8 @@ def download_snapshot(repo: str, revision: str | None = None, token: str | bool 
 def _hub_json(url: str, headers: dict, timeout: float, at: str) -> Any:
     response = _hub_request("GET", url, headers, timeout, at, stream=False)
     try:
-        return response.json()
-    except ValueError:
+        return load_json(response.content, f"the Hub's answer for {at}", HubUnavailableError)
+    except (json.JSONDecodeError, UnicodeDecodeError):
         kind = response.headers.get("content-type", "no content type").split(";")[0]
         raise HubUnavailableError(f"the Hub answered {at} with {kind}, not JSON ({_snippet(response.text)});"
                                   " is HF_ENDPOINT a Hugging Face Hub?") from None

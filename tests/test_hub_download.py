@@ -76,6 +76,17 @@ def test_a_commit_id_from_the_hub_that_is_not_hex_is_refused(hub, tmp_path):
     assert victim.read_text() == "the user's file" and _cache_files(hub) == []
 
 
+def test_a_hub_answer_of_deeply_nested_json_is_one_line(hub):
+    """The Hub's JSON is parsed with a depth bound: 100,000 nested arrays are one line naming the answer, not a
+    RecursionError."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    hub.script = lambda method, path: ((200, {"Content-Type": "application/json"}, [deep])
+                                       if path.startswith("/api/models/") else None)
+    with pytest.raises(HubUnavailableError, match="the Hub's answer for someorg/toy: JSON nested 100000 levels deep"):
+        load_model("someorg/toy")
+    assert _cache_files(hub) == []
+
+
 def test_a_download_lands_in_the_hub_cache_layout_and_loads_offline_after(hub, monkeypatch):
     assert load_model("someorg/toy").name == "v1"
     sha = hub.repos["someorg/toy"].branches["main"]
