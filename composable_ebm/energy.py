@@ -590,9 +590,8 @@ class Guided(_Composite):
 
     Each term is a conditioned model ``E_i(x | c_i)`` whose null condition ``E_i(x | 0)`` was trained
     (label dropout); ``E_0`` is the mean of the terms' unconditional energies, every model's estimate
-    of the data density at once, so the result does not depend on the order of the terms (with the
-    first term's alone, `red + circle + large` read 0.81 joint and `circle + red + large` 0.95; with
-    the mean both 0.95, 64 samples). For two terms with unit
+    of the data density at once, so the result does not depend on the order of the terms (the first
+    term's alone would make it depend on which model comes first). For two terms with unit
     weights this is ``p(x | a, b) ∝ p(x | a) p(x | b) / p(x)``, the conjunction of independently
     trained conditionals (Liu et al. 2022, "Compositional Visual Generation with Composable
     Diffusion Models"; Du et al. 2023, "Reduce, Reuse, Recycle"); a negative weight is the

@@ -76,20 +76,22 @@ def test_bundled_classifier_reads_clean_renders():
 @pytest.mark.models
 def test_bundled_models_compose_a_held_out_combination():
     # red circles were held out of every model's training split; `cebm eval compose` reads 0.95 joint accuracy
-    # for this expression (guided, the default) over 64 samples, so 32 seeded samples under 0.6 mean a regression
+    # for this expression (guided, the default) over 64 samples. A model reading 0.95 draws 32 samples under 0.85
+    # with probability 0.02 (binomial), so under 0.85 is a regression (these 32 seeded samples read 1.000)
     color, shape, size = cebm.load("shapes-color"), cebm.load("shapes-shape"), cebm.load("shapes-size")
     energy = color.condition(color="red") + shape.condition(shape="circle") + size.condition(size="large")
     images = energy.sample(n=32, seed=0)
     pred = cebm.load("shapes-classifier").predict(images)
     wanted = {"color": "red", "shape": "circle", "size": "large"}
     joint = torch.stack([pred[a] == value_index(SHAPES_ATTRIBUTES, a, v) for a, v in wanted.items()]).all(0)
-    assert float(joint.float().mean()) >= 0.6
+    assert float(joint.float().mean()) >= 0.85
 
 
 @pytest.mark.models
 def test_the_faces_sentence_draws_the_held_out_triple():
-    # no model saw a smiling face with glasses and a hat; benchmarks/faces.py reads 1.000 joint accuracy for this
-    # composite (guided, the default) over 64 samples, so 32 seeded samples under 0.6 mean a regression
+    # no model saw a smiling face with glasses and a hat; benchmarks/faces.py reads 0.969 joint accuracy for this
+    # composite (guided, the default) over 64 samples. A model reading 0.969 draws 32 samples under 0.85 with
+    # probability 0.0004 (binomial), so under 0.85 is a regression
     smiling = cebm.load("faces-smiling").condition(smiling="yes")
     glasses = cebm.load("faces-glasses").condition(glasses="yes")
     hat = cebm.load("faces-hat").condition(hat="yes")
@@ -97,7 +99,7 @@ def test_the_faces_sentence_draws_the_held_out_triple():
     pred = cebm.load("faces-classifier").predict(images)
     wanted = {"smiling": "yes", "glasses": "yes", "hat": "yes"}
     joint = torch.stack([pred[a] == value_index(FACES_ATTRIBUTES, a, v) for a, v in wanted.items()]).all(0)
-    assert float(joint.float().mean()) >= 0.6
+    assert float(joint.float().mean()) >= 0.85
 
 
 @pytest.mark.models

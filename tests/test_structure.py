@@ -217,17 +217,62 @@ def test_register_needs_a_config_class_and_refuses_a_taken_name(tmp_path):
 
 GENERAL_MODULES = ["energy.py", "pipeline.py", "registry.py", "configs.py", "sampling", "training", "nets",
                    "evaluation/metrics.py", "evaluation/realism.py"]
-DATASET_WORDS = re.compile(r"\bShapes\b|shapes[-_]|palette|composable_ebm\.data\b")
-"""The Shapes dataset and its transforms, or an import of the data layer (the paper's architecture tables, named
-after their datasets, are cited as presets)."""
+ORDINARY_WORDS = {"shapes", "folder"}
+"""Dataset names that are also ordinary words (an energy checks input shapes, a model is saved as a folder): for
+these, only the capitalised name of the dataset (Shapes) and the dataset module's own names count."""
+
+
+def dataset_names() -> tuple[re.Pattern, set[str]]:
+    """Every registered dataset's words (its name, Shapes capitalised) and the public names its module defines
+    (config classes, functions, transforms, constants)."""
+    import importlib
+
+    from composable_ebm import data
+    from composable_ebm.data import DATASETS
+
+    words, identifiers = {"Shapes"}, set()
+    for name in DATASETS.names():
+        if name not in ORDINARY_WORDS:
+            words.add(name)
+        module = importlib.import_module(DATASETS.get(name).__module__)
+        tree = ast.parse(Path(module.__file__).read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        identifiers |= {n for n in defined if not n.startswith("_") and n.lower() != name  # its classes, constants
+                        and (n[0].isupper() or n in data.__all__)}                      # and exported functions
+    return re.compile(r"\b(" + "|".join(sorted(words)) + r")\b"), identifiers
 
 
 @pytest.mark.parametrize("where", GENERAL_MODULES)
 def test_the_general_modules_name_no_dataset(where):
     """What one dataset needs lives in that dataset's file: the energy, sampling, training and network code and the
-    configs never name one (docstrings included)."""
+    configs never import the data layer, use a name a dataset's module defines, or name a registered dataset in
+    their text (docstrings and comments included)."""
+    words, identifiers = dataset_names()
     paths = [PACKAGE / where] if where.endswith(".py") else sorted((PACKAGE / where).rglob("*.py"))
-    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:80]}" for p in paths
-             for i, line in enumerate(p.read_text().splitlines(), start=1)
-             if DATASET_WORDS.search(line)]
+    found = []
+    for path in paths:
+        text = path.read_text()
+        where_ = path.relative_to(ROOT)
+        found += [f"{where_}:{i}: {line.strip()[:80]}" for i, line in enumerate(text.splitlines(), start=1)
+                  if words.search(line)]
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                found += [f"{where_}:{node.lineno}: imports {m}" for m in modules if m.startswith("composable_ebm.data")]
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            if name in identifiers:
+                found.append(f"{where_}:{node.lineno}: uses {name}")
     assert not found, "\n".join(found)
+
+
+def test_the_dataset_check_knows_every_registered_dataset():
+    """The check above covers each dataset: its name (or, for an ordinary word, its module's names) and faces'
+    renderer among them."""
+    from composable_ebm.data import DATASETS
+
+    words, identifiers = dataset_names()
+    for name in DATASETS.names():
+        assert words.search(name) or name in ORDINARY_WORDS
+    assert {"FacesData", "render_faces", "ShapesData", "ChannelSort", "FolderData", "DigitsData"} <= identifiers

@@ -157,4 +157,11 @@ def test_the_space_app_in_the_docs_builds_the_studio():
     block = text.split("Its `app.py`:\n\n```python\n", 1)[1].split("```", 1)[0]
     namespace = {"__name__": "space_app"}  # not __main__: build the app without serving it
     exec(compile(block, "app.py", "exec"), namespace)
-    assert isinstance(namespace["demo"], gradio.Blocks)
+    demo = namespace["demo"]
+    assert isinstance(demo, gradio.Blocks)
+    ids = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    assert {"expression", "form", "generate", "stop", "grid", "readings", "download", *[f"term-{i}" for i in
+            range(studio.MAX_TERMS)]} <= set(ids)
+    assert ids["form"].value == "auto"  # as cebm compose and .sample() sample by default
+    assert ids["expression"].value == terms_to_expression(list(studio.DEFAULT_TERMS), "auto")
+    assert demo._queue.default_concurrency_limit == 1  # one request at a time
