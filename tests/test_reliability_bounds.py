@@ -266,3 +266,12 @@ def test_eval_ood_takes_any_registered_image_dataset_and_names_the_choices():
     assert result.exit_code == 2 and "valid choices: a registered dataset" in result.output and "faces" in result.output
     result = runner.invoke(app, ["eval", "ood", "shapes-color", "--in", "shapes", "--out", "toy2d", "-n", "4"])
     assert result.exit_code == 2 and "toy2d is not a dataset of images" in result.output
+
+
+def test_rendering_faces_where_no_folder_can_be_made_is_one_line_naming_the_folder(tmp_path, monkeypatch):
+    faces = importlib.import_module("composable_ebm.data.faces")
+    monkeypatch.setattr(faces, "_renderer", lambda: tmp_path)
+    locked = tmp_path / "locked"
+    locked.write_text("a file, not a folder")
+    with pytest.raises(InvalidInputError, match=r"cannot write the faces folder .*locked/faces: .*locked does not take"):
+        faces.render_faces(locked / "faces", 2)

@@ -135,8 +135,12 @@ def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, shar
     if out.exists():
         raise InvalidInputError(f"{out} exists; render faces into a new folder (or remove it)")
     home = _renderer()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    except OSError as err:
+        raise InvalidInputError(f"cannot write the faces folder {out}: {out.parent} does not take new folders"
+                                f" ({err.strerror}); choose a folder you can write to") from err
     try:
         limit = RENDER_SECONDS[0] + RENDER_SECONDS[1] * n
         try:
