@@ -589,7 +589,7 @@ def build_app(device: str = "cpu", models: ModelCache | None = None, models_root
                 op = gr.Dropdown(list(OPERATORS), value="and", label="join", elem_id=f"term-{i}-op", scale=1,
                                  min_width=110)
                 model = gr.Dropdown(offered, value=t.model if t else None, label="model", allow_custom_value=True,
-                                    elem_id=f"term-{i}-model", scale=3, info="bundled, a folder, or org/name@rev")
+                                    elem_id=f"term-{i}-model", scale=3, info="bundled, a cached org/name@rev, or a folder under --models-root")
                 init_choices = choices_for(t.model) if t else []
                 values = gr.Dropdown(init_choices, value=[f"{a}={v}" for a, v in t.bindings.items()] if t else [],
                                      multiselect=True, allow_custom_value=True, label="value",
