@@ -15,8 +15,8 @@ from composable_ebm._version import __version__
 # does not pay for torch; `from composable_ebm import X` and `composable_ebm.X` work as usual.
 _EXPORTS = {
     "GaussianEnergy": "composable_ebm.analytic",
-    **dict.fromkeys(["NULL", "Conditioned", "Disjunction", "Energy", "Guided", "Labels", "WeightedSum", "guided"],
-                    "composable_ebm.energy"),
+    **dict.fromkeys(["NULL", "Conditioned", "Disjunction", "Energy", "Guided", "Labels", "NoiseConditioned",
+                     "WeightedSum", "guided"], "composable_ebm.energy"),
     **dict.fromkeys(["BlockSpec", "DenoisingUNetConfig", "DenoisingUNetEnergy", "MLPConfig", "MLPEnergy",
                      "ResNetConfig", "ResNetEnergy"], "composable_ebm.nets"),
     **dict.fromkeys(["AugmentConfig", "NoiseLadder", "SampleResult", "SamplerConfig", "SamplingDefaults"],
@@ -59,7 +59,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from composable_ebm.analytic import GaussianEnergy
     from composable_ebm.data import ImageDataset, attribute_folder, cifar10, digits, shapes
-    from composable_ebm.energy import NULL, Conditioned, Disjunction, Energy, Guided, Labels, WeightedSum, guided
+    from composable_ebm.energy import (NULL, Conditioned, Disjunction, Energy, Guided, Labels, NoiseConditioned,
+                                       WeightedSum, guided)
     from composable_ebm.evaluation import (
         AttributeClassifier,
         ClassifierConfig,
@@ -94,6 +95,7 @@ __all__ = [
     "DenoisingUNetEnergy",
     "Disjunction",
     "Energy",
+    "NoiseConditioned",
     "GaussianEnergy",
     "Guided",
     "ImageDataset",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from composable_ebm.energy import Energy, Labels
+from composable_ebm.energy import Energy, Labels, NoiseConditioned
 
 
 class _Gaussian(Energy):
@@ -39,13 +39,12 @@ class GaussianEnergy(_Gaussian):
         return 0.5 * torch.einsum("bi,ij,bj->b", d, self.precision.to(x.dtype), d)
 
 
-class NoisedGaussianEnergy(_Gaussian):
+class NoisedGaussianEnergy(_Gaussian, NoiseConditioned):
     """A noise-conditioned Gaussian: ``N(mu, cov)`` blurred by Gaussian noise of std ``sigma`` is
     ``N(mu, cov + sigma^2 I)``, whose energy (``0.5 (x - mu)^T (cov + sigma^2 I)^{-1} (x - mu)``) this is at every
     level; without a level, at ``sigma_min``. The exact model a denoising score matcher would learn of Gaussian data,
-    so annealed samplers can be checked against closed forms at every level."""
-
-    takes_noise_level = True
+    so annealed samplers can be checked against closed forms at every level; it was trained on no levels
+    (`noise_range` is ``None``)."""
 
     def __init__(self, mean: Tensor, cov: Tensor, sigma_min: float = 0.01, name: str = "noised-gaussian") -> None:
         super().__init__(mean, cov, name)

@@ -381,6 +381,27 @@ class Energy(nn.Module):
         return NotImplemented
 
 
+class NoiseConditioned(Energy):
+    """A noise-conditioned energy ``E(x, sigma)``: a model of the data blurred by Gaussian noise of std ``sigma`` at
+    every level (Song & Ermon 2019), which implements ``energy(x, labels, sigma)`` and declares its levels, as EDM's
+    ``EDMPrecond`` states ``sigma_min``, ``sigma_max`` and ``sigma_data`` (Karras et al. 2022). The pipeline, the noise
+    ladder and the denoising objective ask this type for them; a composite of such energies is not one itself (its
+    terms are, `Energy.noise_conditioned`)."""
+
+    takes_noise_level = True
+
+    @property
+    def noise_range(self) -> tuple[float, float] | None:
+        """``(sigma_min, sigma_max)``: the lowest and highest levels it was trained on, ``None`` for an energy that is
+        exact at every level (an analytic one)."""
+        return None
+
+    @property
+    def sigma_data(self) -> float | None:
+        """The standard deviation of the data its preconditioning assumes, ``None`` for one that assumes none."""
+        return None
+
+
 def value_index(attributes: Mapping[str, Sequence[str]], attr: str, value: str | int) -> int:
     """The index of ``value`` (a value name or an index) of attribute ``attr``; a ``ValueError`` lists
     the valid attributes or values otherwise."""

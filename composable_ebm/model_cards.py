@@ -7,7 +7,7 @@ import json
 from torch import nn
 
 from composable_ebm.configs import config_to_dict
-from composable_ebm.energy import Energy
+from composable_ebm.energy import Energy, NoiseConditioned
 from composable_ebm.errors import a_type
 
 CITATION = """@inproceedings{du2021improved,
@@ -114,7 +114,7 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
     if steps is not None or recipe:
         lines += ["", "## Training", ""]
         if steps is not None:
-            objective = ("denoising score matching" if getattr(model, "noise_conditioned", False)
+            objective = ("denoising score matching" if isinstance(model, NoiseConditioned)
                          else "improved contrastive divergence")
             lines.append(f"Trained for {steps} iterations with {objective} (EMA weights).")
         files = [(recipe_name or "recipe.toml", recipe)] if isinstance(recipe, str) else list(recipe or [])

@@ -39,7 +39,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
-from composable_ebm.energy import Conditioned, Disjunction, Energy, Guided, WeightedSum, guided
+from composable_ebm.energy import Conditioned, Disjunction, Energy, Guided, NoiseConditioned, WeightedSum, guided
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling import SampleResult, SamplerConfig, SamplingDefaults, with_overrides
 from composable_ebm.sampling import sample as run_sampler
@@ -156,7 +156,7 @@ def _noise_ranges(energy: Energy) -> dict[Energy, tuple[float, float]]:
     """Each noise-conditioned model in ``energy`` that states the levels it was trained on, with them."""
     out = {}
     for part in leaves(energy):
-        found = getattr(part, "noise_range", None) if part.noise_conditioned else None
+        found = part.noise_range if isinstance(part, NoiseConditioned) else None
         if found is not None:
             out[part] = (float(found[0]), float(found[1]))
     return out

@@ -377,3 +377,24 @@ def test_the_loss_weighting_is_checked_in_one_line():
     trainer = Trainer(tiny_unet(attributes={}, null_condition=False), torch.rand(16, 3, 8, 8),
                       TrainerConfig(steps=2, batch_size=4, loss_weighting="edm"))
     assert trainer.objective.weighting == "edm" and math.isfinite(trainer.train_step().loss_dsm)
+
+
+def test_a_noise_conditioned_energy_is_a_declared_type_the_pipeline_and_objective_ask():
+    """The U-Net and the noised Gaussian are `NoiseConditioned`, declaring their levels; the pipeline's trained
+    levels and the denoising objective read them from the type, and an energy that only sets a ``noise_range``
+    attribute on another class is not taken for one."""
+    from composable_ebm import NoiseConditioned
+    from composable_ebm.pipeline import trained_levels
+
+    model = DenoisingUNetEnergy(DenoisingUNetConfig(image_size=8, channels=(8, 16), embedding=16, groups=4,
+                                                    sigma_min=0.02, sigma_max=3.0, sigma_data=0.4))
+    assert isinstance(model, NoiseConditioned) and model.noise_range == (0.02, 3.0) and model.sigma_data == 0.4
+    assert trained_levels(model) == (0.02, 3.0)
+    assert DenoisingObjective(model, "edm").sigma_data == 0.4
+    noised = NoisedGaussianEnergy(torch.zeros(2), torch.eye(2))
+    assert isinstance(noised, NoiseConditioned) and noised.noise_range is None and trained_levels(noised) is None
+    plain = GaussianEnergy(torch.zeros(2), torch.eye(2))
+    plain.noise_range = (0.1, 1.0)  # an attribute by that name does not make an energy noise-conditioned
+    assert not isinstance(plain, NoiseConditioned) and not plain.noise_conditioned
+    with pytest.raises(InvalidInputError, match="states no noise_range"):
+        DenoisingObjective(plain)

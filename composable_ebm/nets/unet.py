@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composable_ebm.configs import MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_range, check_size
-from composable_ebm.energy import Energy, Labels, noise_levels
+from composable_ebm.energy import Labels, NoiseConditioned, noise_levels
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.derivatives import GroupNorm, silu
 from composable_ebm.nets.layers import AttributeCodes, ResBlock, Swish, conv
@@ -107,11 +107,10 @@ def level_features(sigma: Tensor, width: int) -> Tensor:
 
 @NETWORKS.register("denoising-unet")
 @register("denoising_unet_energy")
-class DenoisingUNetEnergy(Pretrained, AttributeCodes, Energy):
+class DenoisingUNetEnergy(Pretrained, AttributeCodes, NoiseConditioned):
     """``E(x, sigma | y) = ||f(x, sigma, y)||^2 / (2 sigma)``, a U-Net ``f``: see the module's docstring."""
 
     config_class = DenoisingUNetConfig
-    takes_noise_level = True
 
     def __init__(self, config: DenoisingUNetConfig) -> None:
         c = config

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from composable_ebm.energy import Energy, Labels
+from composable_ebm.energy import Energy, Labels, NoiseConditioned
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.derivatives import second_derivatives
 
@@ -35,8 +35,8 @@ class DenoisingOutput:
 
 
 def noise_range(energy: Energy) -> tuple[float, float]:
-    """The levels a noise-conditioned model trains on (its ``noise_range``); one line when it has none."""
-    found = getattr(energy, "noise_range", None)
+    """The levels a noise-conditioned model trains on (`NoiseConditioned.noise_range`); one line when it has none."""
+    found = energy.noise_range if isinstance(energy, NoiseConditioned) else None
     if not (isinstance(found, tuple) and len(found) == 2 and 0 < found[0] <= found[1]):
         raise InvalidInputError(f"{energy.name} depends on a noise level but states no noise_range (lowest, highest) to"
                                 " train on; a noise-conditioned network must give one")
@@ -64,7 +64,7 @@ class DenoisingObjective(nn.Module):
         if weighting not in WEIGHTINGS:
             raise InvalidInputError(f"unknown loss weighting {weighting!r}; valid choices: {list(WEIGHTINGS)}")
         self.weighting = weighting
-        self.sigma_data = getattr(energy, "sigma_data", None)
+        self.sigma_data = energy.sigma_data if isinstance(energy, NoiseConditioned) else None
         if weighting == "edm" and not (isinstance(self.sigma_data, (int, float)) and self.sigma_data > 0):
             raise InvalidInputError(f"loss weighting 'edm' needs the data's standard deviation, and {energy.name}"
                                     " states no sigma_data; valid choices: 'noise', or a model with a sigma_data"
