@@ -87,7 +87,7 @@ from safetensors.torch import load_file, save_file
 from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid
 from composable_ebm.atomic import write_atomic
-from composable_ebm.cli import _device as checked_device
+from composable_ebm.cli.common import _device as checked_device
 from composable_ebm.data import FACES_ATTRIBUTES, combination_mask, faces
 from composable_ebm.configs import check_interval
 from composable_ebm.energy import Guided

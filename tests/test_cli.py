@@ -247,7 +247,7 @@ def test_the_commands_choices_are_the_librarys():
     import dataclasses
     from typing import get_args
 
-    from composable_ebm import cli
+    from composable_ebm.cli import common as cli
     from composable_ebm.pipeline import FORMS
     from composable_ebm.sampling import SamplerConfig
     from composable_ebm.sampling.transitions import Precision

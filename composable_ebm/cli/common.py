@@ -1,0 +1,222 @@
+"""What every ``cebm`` command shares: the app, its error handling, the thread and device options, the option types
+and the model loaders. The commands live beside it, one module per group.
+
+Every failure the library expects ends in one line on stderr that names the file or option,
+the problem and the valid choices (``--debug`` shows the traceback instead). Exit status: 0 on
+success, 1 on a failure at run time (a diverged run, a failed download), 2 on bad usage or bad input.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from composable_ebm.errors import BUG_EXIT_CODE, InvalidInputError, a_type, bug_line, exit_code_for, one_line
+
+if TYPE_CHECKING:  # torch is imported by the commands that need it, so `cebm --help` starts at once
+    import torch
+
+DEBUG_KEY = "cebm.debug"
+MAX_THREADS = 1024
+"""Most CPU threads --threads may ask torch for."""
+MAX_SAMPLES = 1 << 20
+"""Most samples one command draws (-n): `composable_ebm.sampling.runner.MAX_SAMPLES`, written out so that `cebm --help`
+imports no torch."""
+
+
+class _Group(TyperGroup):
+    """Reports the library's errors as one line and an exit status instead of a traceback."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except typer.BadParameter as err:  # an option out of its range or choices, checked by typer: one line too
+            where = f"; see {err.ctx.command_path} --help" if err.ctx is not None else ""
+            typer.secho(f"error: {err.format_message().rstrip('.')}{where}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from err
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise  # typer's own: help, exits
+        except Exception as err:
+            code = exit_code_for(err)
+            if ctx.meta.get(DEBUG_KEY):  # the traceback, and the exit status the error has without --debug
+                import traceback
+
+                traceback.print_exc()
+                raise typer.Exit(BUG_EXIT_CODE if code is None else code) from err
+            if code is None:
+                typer.secho(f"error: {bug_line(err)}", fg=typer.colors.RED, err=True)
+                raise typer.Exit(BUG_EXIT_CODE) from err
+            typer.secho(f"error: {one_line(err)}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(code) from err
+
+
+# rich_markup_mode=None: help text is shown as written, so the [attr=value] of the examples stays visible
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, invoke_without_command=True,
+                  help="Energy-based models that compose.", rich_markup_mode=None,
+                  pretty_exceptions_enable=False)
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluate models: compositional accuracy, OOD AUROC, FID.",
+                       rich_markup_mode=None)
+app.add_typer(eval_app, name="eval")
+
+
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True)] = False,
+    threads: Annotated[Optional[int], typer.Option(
+        "--threads", help="CPU threads for torch (default: CEBM_THREADS, else OMP_NUM_THREADS, else the CPUs this "
+                          "process may use). With several jobs on one machine, give each 1.")] = None,
+) -> None:
+    if version:
+        from composable_ebm import __version__
+
+        typer.echo(f"composable_ebm {__version__}")
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(2)
+    ctx.meta[DEBUG_KEY] = debug
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise typer.BadParameter(f"--threads must be a whole number from 1 to {MAX_THREADS}, got {threads}")
+    _THREADS["n"] = default_threads() if threads is None else threads
+
+
+_THREADS: dict[str, int] = {}
+
+
+def default_threads() -> int:
+    """``CEBM_THREADS``, else ``OMP_NUM_THREADS``, else the CPUs this process may run on (its affinity,
+    which containers and ``taskset`` restrict; torch's own default counts the machine's cores)."""
+    for name in ("CEBM_THREADS", "OMP_NUM_THREADS"):
+        text = os.environ.get(name, "").strip()
+        if text:
+            if not text.isdigit() or int(text) < 1:
+                raise InvalidInputError(f"{name} must be a positive integer, got {text!r}")
+            return int(text)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _torch():
+    """torch, with the thread count chosen by --threads (imported only by the commands that need it)."""
+    import torch
+
+    if _THREADS.get("n") and torch.get_num_threads() != _THREADS["n"]:
+        torch.set_num_threads(_THREADS["n"])
+    return torch
+
+
+def _device(device: str | None) -> torch.device:
+    """``--device``, checked: a malformed name or a device this machine lacks is one clear line."""
+    torch = _torch()
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    here = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise InvalidInputError(f"--device {device!r} is not a device name; valid choices here: {here}") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise InvalidInputError(f"--device {device}: no such CUDA device on this machine; valid choices here: {here}")
+    if dev.type not in ("cpu", "cuda"):
+        raise InvalidInputError(f"--device {device}: unsupported device type {dev.type!r}; valid choices here: {here}")
+    return dev
+
+
+def _parse_bindings(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        for part in item.split(","):
+            if "=" not in part:
+                raise typer.BadParameter(f"expected attr=value, got {part!r}")
+            key, value = part.split("=", 1)
+            if key.strip() in out:
+                raise InvalidInputError(f"{key.strip()} is bound twice ({out[key.strip()]} and {value.strip()});"
+                                        " an attribute takes one value (for either, compose with |)")
+            out[key.strip()] = value.strip()
+    return out
+
+
+SAMPLER_SETTINGS = ("steps", "rounds", "step_size", "precision", "method", "noise")
+"""The sampling commands' options that override the model's sampler settings (checked by ``SamplerConfig``)."""
+
+
+def _overrides(**given: Any) -> dict:
+    """The sampler settings given on the command line, the rest left to the model."""
+    return {k: v for k, v in given.items() if k in SAMPLER_SETTINGS and v is not None}
+
+
+def _noise(text: str | None) -> float | str | None:
+    """``--noise``: a number, or ``exact``."""
+    if text is None or text == "exact":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise typer.BadParameter(f"must be a number or 'exact', got {text!r}") from None
+
+
+# the choices are the library's own (SamplerConfig's fields, pipeline.FORMS), written here so that `cebm --help`
+# does not import torch; tests/test_cli.py checks that they agree. Sampler methods come from a registry, so
+# --method takes any name and the library checks it (one line naming the registered ones).
+Precision = Literal["float32", "bfloat16"]
+Form = Literal["auto", "plain", "guided"]
+
+StepsOpt = Annotated[Optional[int], typer.Option(min=1, help="Langevin steps per round (default: the model's).")]
+RoundsOpt = Annotated[Optional[int], typer.Option(min=1, help="Augmentation rounds (Algorithm 2).")]
+StepSizeOpt = Annotated[Optional[float], typer.Option("--step-size", min=0.0, help="Langevin step size.")]
+PrecisionOpt = Annotated[Optional[Precision], typer.Option(help="Autocast for the energy (default: the model's).")]
+MethodOpt = Annotated[Optional[str], typer.Option(
+    help="Sampler: langevin, mala, or another registered method (default: the model's).")]
+NoiseOpt = Annotated[Optional[str], typer.Option(parser=_noise, metavar="NUMBER|exact",
+                                                 help="Noise std per step, or 'exact' for sqrt(2 * step size).")]
+DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
+ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
+FormOpt = Annotated[Form, typer.Option(
+    help="auto: a sum of conditioned models with unconditional energies is sampled in its guided form (better for the"
+         " bundled models); plain: the expression as written; guided: guided(expression).")]
+CountOpt = Annotated[int, typer.Option("-n", min=1, max=MAX_SAMPLES, help="Number of samples.")]
+RefreshOpt = Annotated[bool, typer.Option("--refresh", help="Ask the Hub for the newest revision of org/name models and "
+                                          "download them again, even when cached.")]
+OverwriteOpt = Annotated[bool, typer.Option(
+    help="Write into an --out that is not empty: its model files are replaced, other files stay.")]
+ScaleOpt = Annotated[Optional[int], typer.Option(
+    min=1, max=64, help="Upscale each image this many times, nearest neighbour (default: to at least 64 pixels).")]
+
+
+def _load_energy(name: str, device: torch.device, refresh: bool = False):
+    """A model that must be an energy (not a classifier)."""
+    from composable_ebm.energy import Energy
+
+    return _load_as(name, device, refresh, Energy,
+                    lambda kind: f"{name} is {kind}, not an energy; sample, compose and eval ood take energy models")
+
+
+def _load_classifier(name: str, device: torch.device, refresh: bool = False):
+    """A model that must be an attribute classifier."""
+    from composable_ebm.evaluation import AttributeClassifier
+
+    return _load_as(name, device, refresh, AttributeClassifier,
+                    lambda kind: f"--classifier {name} is {kind}, not an attribute classifier (e.g. shapes-classifier)")
+
+
+def _load_as(name: str, device: torch.device, refresh: bool, cls: type, message: Callable[[str], str]):
+    """``load_model``, refusing a model of another kind with ``message(kind found)``."""
+    from composable_ebm.persistence import load_model
+
+    model = load_model(name, device, refresh=refresh)
+    if not isinstance(model, cls):
+        raise InvalidInputError(message(a_type(model)))
+    return model
+
+
+def _load_expression(expression: str, device: torch.device, refresh: bool = False):
+    """The composite energy of an expression, each named model loaded once onto ``device``."""
+    from composable_ebm.expression import parse_expression
+    from composable_ebm.persistence import load_model
+
+    return parse_expression(expression, lambda name: load_model(name, device, refresh=refresh))

@@ -1,0 +1,132 @@
+"""``cebm train``, ``export``, ``data`` and ``train-classifier``: runs, model folders and the data they read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from composable_ebm.cli.common import DeviceOpt, OverwriteOpt, _device, app
+
+
+
+@app.command()
+def train(
+    recipe: Annotated[Path, typer.Argument(help="A TOML recipe (see recipes/).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run folder: checkpoint, log, model.")],
+    steps: Annotated[Optional[int], typer.Option(help="Override the recipe's number of steps.")] = None,
+    resume: Annotated[bool, typer.Option(help="Resume from OUT/checkpoint.pt if it exists.")] = True,
+    overwrite: Annotated[bool, typer.Option(
+        help="With --no-resume: start a new run in an OUT that holds another run's files (they are moved to "
+             "OUT/replaced-<time>/, never mixed with the new run's).")] = False,
+    allow_config_change: Annotated[
+        bool, typer.Option(help="Resume even if the recipe's training settings differ from the checkpoint's; with --init, start "
+                              "from a model whose [model] settings differ where its weights' shapes do not.")
+    ] = False,
+    device: DeviceOpt = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    license: Annotated[Optional[str], typer.Option(
+        help="License of the trained model, written into its card (e.g. mit, apache-2.0; default: none).")] = None,
+    init: Annotated[Optional[str], typer.Option(
+        help="Start a new run from this model's weights (a folder, bundled name or org/name; a fresh optimiser): "
+             "fine-tuning. A run resumed from its checkpoint ignores it.")] = None,
+    max_minutes: Annotated[Optional[float], typer.Option(
+        "--max-minutes", min=0.0, help="Stop after this many minutes of training, saving the checkpoint and the model "
+                                       "(the same command resumes).")] = None,
+    precision: Annotated[Optional[str], typer.Option(
+        help="float32 or bfloat16: the arithmetic of a noise-conditioned model's denoising loss ([trainer] "
+             "precision; default: the recipe's). A resumed run may change it.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", metavar="TABLE.KEY=VALUE",
+        help="Change one recipe setting over the file's (repeatable; VALUE in TOML, or a bare word), e.g. --set "
+             "trainer.batch_size=512 --set trainer.lr=3e-4. The card lists them; resume with the same ones.")] = None,
+) -> None:
+    """Train an energy with Algorithm 1 and save its EMA weights to OUT/model.
+
+    Ctrl-C (SIGINT), SIGTERM and --max-minutes stop after the step in progress and save the checkpoint and the model;
+    the same command resumes. `cebm export OUT` makes a model folder from the checkpoint of any run.
+
+    \b
+    Example: cebm train recipes/shapes-color.toml --out runs/color
+    """
+    import signal
+
+    from composable_ebm.runs import train_recipe
+
+    run = train_recipe(recipe, out, steps=steps, resume=resume, overwrite=overwrite,
+                       allow_config_change=allow_config_change, device=_device(device), progress=progress,
+                       license=license, init=init, echo=typer.echo, max_minutes=max_minutes, precision=precision,
+                       settings=set_ or ())
+    if run.stopped is not None and run.stopped.startswith("SIG"):
+        raise typer.Exit(128 + int(getattr(signal, run.stopped)))  # the shell's status for a signalled command
+
+
+@app.command()
+def export(
+    run: Annotated[Path, typer.Argument(help="A run folder (cebm train --out), finished or not.")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Model folder to write (default: RUN/model).")] = None,
+    recipe: Annotated[Optional[Path], typer.Option(
+        help="The run's recipe, for a run written before runs kept their network.json.")] = None,
+    license: Annotated[Optional[str], typer.Option(help="License written into the model's card.")] = None,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Write a model folder from the EMA weights of a run's latest checkpoint, without resuming it.
+
+    \b
+    Example: cebm export runs/color --out models/color
+    """
+    from composable_ebm.runs import export_run
+
+    typer.echo(f"wrote {export_run(run, out, recipe=recipe, license=license, overwrite=overwrite)}")
+
+
+@app.command("data")
+def data_command(
+    name: Annotated[str, typer.Argument(help="A dataset that is drawn, not read (faces, shapes ...).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (a new one).")],
+    n: Annotated[Optional[int], typer.Option("-n", "--n", min=1, max=1 << 24, help="Number of images.")] = None,
+    seed: Annotated[Optional[int], typer.Option(min=0, help="Seed of the draw.")] = None,
+    size: Annotated[Optional[int], typer.Option(min=4, help="Image side.")] = None,
+) -> None:
+    """Write a drawn dataset as an image folder with a CelebA-format attribute table (the folder dataset reads it).
+
+    \b
+    Example: cebm data faces --out data/rendered-faces --n 64 --seed 0
+    """
+    from composable_ebm.configs import config_from_dict
+    from composable_ebm.data import DATASETS
+
+    cls = DATASETS.get(name, "cebm data: ")
+    given = {k: v for k, v in {"n": n, "seed": seed, "size": size}.items() if v is not None}
+    config = config_from_dict(cls, given)
+    typer.echo(f"wrote {config.render(out)}")
+
+
+@app.command("train-classifier")
+def train_classifier_command(
+    folder: Annotated[Path, typer.Argument(help="An image folder with a CelebA-format attribute table.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Classifier folder to write.")],
+    attributes: Annotated[list[str], typer.Option(
+        "--attribute", "-a", help="A column to read (repeatable; default: every column).")] = [],  # noqa: B006
+    attribute_file: Annotated[str, typer.Option(help="The table, relative to FOLDER.")] = "list_attr_celeba.txt",
+    size: Annotated[int, typer.Option(min=8, help="Image side the classifier reads (your models' size).")] = 32,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps (Adam, batch 64).")] = 1500,
+    held_out: Annotated[float, typer.Option(
+        min=0.0, max=0.5, help="Share of the rows kept aside to measure accuracy.")] = 0.1,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the split and the training.")] = 0,
+    device: DeviceOpt = None,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Train an attribute classifier on a folder's attributes, so `cebm eval compose` can score your compositions.
+
+    \b
+    Example: cebm train-classifier data/faces --out runs/faces-classifier -a Smiling -a Hat --size 16
+    """
+    from composable_ebm.evaluation.classifier import fit_folder_classifier
+
+    result = fit_folder_classifier(folder, out, attributes or None, attribute_file, size, steps, held_out, seed,
+                                   _device(device), overwrite=overwrite)
+    for attr, acc in result.accuracy.items():
+        typer.echo(f"{attr}: {acc:.3f} read right on {result.held_out} held-out images")
+    typer.echo(f"wrote {result.folder}")
