@@ -48,7 +48,7 @@ on the platform, its row says why in one line instead of a time.
 With ``--derivatives`` it times a training iteration of each denoising recipe (by default; the
 contrastive-divergence recipes' KL loss does not use the layers' own derivatives) at its own batch on one CPU thread
 (CUDA too when present) with the second derivatives of the convolutions, group normalisations and SiLUs by autograd's
-formulas against by `composable_ebm.nets.derivatives`' own (`use_own_derivatives`), in float32 and in bfloat16,
+formulas against by `composable_ebm.accel.derivatives`' own (`use_own_derivatives`), in float32 and in bfloat16,
 alternating the four in one run, into the section ``throughput-derivatives``. Its first column is the eager float32
 path the issue on throughput started from; its last compares the recipe's default now (its own precision, own
 derivatives) with it:
@@ -72,7 +72,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks._report import write_section
 from benchmarks.sampling import _sync, matmul_gflops, step_flops, step_seconds
-from composable_ebm.nets.derivatives import use_own_derivatives
+from composable_ebm.accel.derivatives import use_own_derivatives
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling.graphs import enabled as graphs_enabled
 from composable_ebm.sampling.transitions import native_bfloat16
@@ -184,7 +184,7 @@ def precision_table(names: list[str], iters: int) -> None:
 
 def derivatives_table(names: list[str], iters: int, rounds: int) -> None:
     """A training iteration of each recipe at its own batch: autograd's second derivatives against
-    `composable_ebm.nets.derivatives`', in float32 and bfloat16, alternated in one run (the fastest of ``rounds``)."""
+    `composable_ebm.accel.derivatives`', in float32 and bfloat16, alternated in one run (the fastest of ``rounds``)."""
     torch.set_num_threads(1)
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     variants = [("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)]
@@ -216,7 +216,7 @@ def derivatives_table(names: list[str], iters: int, rounds: int) -> None:
         f"`python -m benchmarks.throughput --derivatives --recipes {' '.join(names)} --iters {iters} --rounds"
         f" {rounds}` on torch {torch.__version__}: seconds of one training iteration (`Trainer.train_step`) at the"
         " recipe's own batch, with the second derivatives of the convolutions, group normalisations and SiLUs by"
-        " autograd's formulas (`use_own_derivatives(False)`) and by `composable_ebm.nets.derivatives`' own, in float32"
+        " autograd's formulas (`use_own_derivatives(False)`) and by `composable_ebm.accel.derivatives`' own, in float32"
         " and in bfloat16 (`[trainer] precision` for a denoising recipe, `[trainer.sampler] precision` for a"
         f" contrastive-divergence recipe's chain), the fastest of {rounds} alternating measurements of {iters}"
         " iterations each. Default: the recipe's own precision with the layers' own derivatives, against the eager"
@@ -493,7 +493,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="eager against torch.compile, into their own section (throughput-compile)")
     parser.add_argument("--derivatives", action="store_true",
-                        help="autograd's second derivatives against composable_ebm.nets.derivatives', float32 and"
+                        help="autograd's second derivatives against composable_ebm.accel.derivatives', float32 and"
                              " bfloat16, into their own section (throughput-derivatives)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating measurements per cell (--derivatives)")
     parser.add_argument("--cuda-graphs", action="store_true",

@@ -27,13 +27,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from numbers import Integral, Real
+from numbers import Real
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.weak import WeakIdKeyDictionary
 
+from composable_ebm.accel.labels import as_index, check_indices
 from composable_ebm.configs import check_interval
 from composable_ebm.errors import InvalidInputError, NotSavableError
 
@@ -68,67 +68,6 @@ def noise_levels(sigma: NoiseLevel, batch_size: int, device: torch.device, dtype
     if level.shape != (batch_size,):
         raise ValueError(f"a noise level must be a number or a tensor of shape ({batch_size},), got {tuple(level.shape)}")
     return level
-
-
-def as_index(value: Any, device: torch.device) -> Tensor:
-    """A label value (an integer, an integer tensor or a sequence of integers) as a long tensor on ``device``; an
-    integer is filled in on the device rather than copied there, so a chain captured in a CUDA graph can bind one."""
-    if isinstance(value, Integral):
-        return torch.full((), int(value), dtype=torch.long, device=device)
-    return torch.as_tensor(value, device=device).long()
-
-
-_RANGES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # index tensor -> (its version, smallest, largest)
-
-
-def index_range(idx: Tensor) -> tuple[int, int]:
-    """The smallest and largest entry of a non-empty integer tensor, read back to the host once per tensor (again
-    only after an in-place change). A chain evaluates its energy with one labels tensor at every step, and on a GPU
-    each read waits for the device to finish its queue."""
-    known = None if idx.is_inference() else _RANGES.get(idx)
-    if known is not None and known[0] == idx._version:
-        return known[1], known[2]
-    low, high = torch.stack(torch.aminmax(idx)).tolist()
-    _remember_range(idx, low, high)
-    return low, high
-
-
-def _remember_range(idx: Tensor, low: int, high: int) -> None:
-    """Record ``idx``'s range for `index_range`, unless it is an inference tensor (no version counter to tell a
-    changed tensor by: it is read every time)."""
-    if not idx.is_inference():
-        _RANGES[idx] = (idx._version, low, high)
-
-
-def capturing() -> bool:
-    """Whether a CUDA graph is being captured on the current stream (`composable_ebm.sampling.graphs`), or the code
-    is being traced by ``torch.compile``: checks that read a value back to the host (label indices in range) are
-    skipped then. The eager run before a capture made them; a compiled graph checks its labels as it runs
-    (`Energy.encode_labels`)."""
-    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-
-
-def _label_range(value: Any, index: Tensor, idx: Tensor) -> tuple[int, int] | None:
-    """The smallest and largest index of a label given as ``value`` (``index`` as a tensor, ``idx`` broadcast to the
-    batch), or ``None`` where it is not checked: an empty batch, or a CUDA graph being captured (the eager run before
-    the capture checked it). An integer is read as it is, a tensor by `index_range`; the broadcast view is recorded
-    with the same range, so the network's own check (`index_range` again) reads nothing back."""
-    if isinstance(value, Integral):
-        found = (int(value), int(value))
-    elif index.numel() == 0 or capturing():
-        return None
-    else:
-        found = index_range(index)
-    if idx is not index:
-        _remember_range(idx, *found)
-    return found
-
-
-def _outside(attr: str, values: Sequence[str]) -> str:
-    """The error of a label index out of range: a ``ValueError`` eagerly, a ``RuntimeError`` in a compiled graph
-    (on a GPU, a device-side assertion)."""
-    return (f"labels[{attr!r}] holds an index outside 0..{len(values) - 1} (or {NULL}, unbound); valid values:"
-            f" {list(values)}")
 
 
 class Energy(nn.Module):
@@ -276,11 +215,7 @@ class Energy(nn.Module):
                 raise ValueError(
                     f"labels[{attr!r}] must be a scalar or have shape ({batch_size},), got {tuple(idx.shape)}"
                 )
-            found = _label_range(value, index, idx)
-            if found is not None and (found[0] < NULL or found[1] >= len(values)):
-                raise ValueError(_outside(attr, values))
-            if found is None and torch.compiler.is_compiling():  # a compiled graph reads nothing back: checked in it
-                torch._assert_async(((idx >= NULL) & (idx < len(values))).all(), _outside(attr, values))
+            check_indices(attr, values, value, index, idx, NULL)  # in range, read back once per labels tensor
             out[attr] = idx
         return out
 

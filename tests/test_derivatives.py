@@ -1,4 +1,4 @@
-"""`composable_ebm.nets.derivatives`: `Conv2d`'s, `GroupNorm`'s and `silu`'s own first and second derivatives
+"""`composable_ebm.accel.derivatives`: `Conv2d`'s, `GroupNorm`'s and `silu`'s own first and second derivatives
 equal autograd's, in float64 exactly enough for gradcheck, in float32 within 1e-5 on the loss that trains the shipped
 noise-conditioned networks, and they compute only the gradients a backward pass asks for."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from composable_ebm.nets import derivatives
-from composable_ebm.nets.derivatives import (
+from composable_ebm.accel import derivatives
+from composable_ebm.accel.derivatives import (
     Conv2d,
     GroupNorm,
     own_derivatives,

@@ -342,7 +342,7 @@ def default_config(energy):
 def test_cuda_graphs_switch_leaves_a_cpu_chain_as_it_was_and_takes_only_true_or_false(color_model):
     """The chain's graph replay applies on CUDA devices only (tests/test_cuda.py compares it with the eager chain
     there): on the CPU the switch changes nothing, bit for bit, for a Langevin and a MALA chain with labels."""
-    from composable_ebm.energy import as_index
+    from composable_ebm.accel.labels import as_index
     from composable_ebm.sampling import sample as run
     from composable_ebm.sampling.graphs import MIN_STEPS, enabled, use_cuda_graphs
 

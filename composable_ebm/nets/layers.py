@@ -14,9 +14,10 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm as _spectral_norm
 
-from composable_ebm.energy import Labels, capturing, index_range
+from composable_ebm.accel.labels import capturing, index_range
+from composable_ebm.energy import Labels
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.nets.derivatives import Conv2d, GroupNorm, silu
+from composable_ebm.accel.derivatives import Conv2d, GroupNorm, silu
 
 Norm = Literal["group", "instance", "none"]
 

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from composable_ebm.configs import MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_range, check_size
 from composable_ebm.energy import Labels, NoiseConditioned, noise_levels
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.nets.derivatives import GroupNorm, silu
+from composable_ebm.accel.derivatives import GroupNorm, silu
 from composable_ebm.nets.layers import AttributeCodes, ResBlock, Swish, conv
 from composable_ebm.nets.registry import NETWORKS
 from composable_ebm.nets.transforms import apply, build_transforms

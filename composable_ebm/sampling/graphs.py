@@ -13,7 +13,7 @@ It applies where every one of these holds, and the chain runs eagerly otherwise,
 - the capture succeeds. It fails, for instance, for an energy that reads a value back to the host inside its
   forward; the chain then runs eagerly (its generator draws on as it would have), that energy is not captured
   again, and a warning says why, once per kind of energy. (The energies' own checks
-  that read back, label indices in range, are skipped while a graph is captured: `composable_ebm.energy.capturing`;
+  that read back, label indices in range, are skipped while a graph is captured: `composable_ebm.accel.labels.capturing`;
   the first transition ran them eagerly.)
 
 A captured graph is kept with its energy and reused while the energy's parameters stay where they were (an optimiser

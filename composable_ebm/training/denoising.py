@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from composable_ebm.energy import Energy, Labels, NoiseConditioned
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.nets.derivatives import second_derivatives
+from composable_ebm.accel.derivatives import second_derivatives
 
 
 @dataclass
