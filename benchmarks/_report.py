@@ -23,10 +23,44 @@ def shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+DETAILS = ROOT / "docs" / "benchmarks"
+"""One page per section with its whole tables and contact sheets; docs/benchmarks.md keeps each section's headline."""
+
+
+NOTES = "## Notes\n"
+"""The heading of a section page's hand-written part, which a rerun of the section's script keeps."""
+SUMMARY_ROWS = 4
+"""Tables of at most this many rows are a section's summary and stay in docs/benchmarks.md; longer ones are detail."""
+
+
+def headline(body: str) -> str:
+    """A section's headline: its heading, its command (the first paragraph), its summary tables (at most
+    `SUMMARY_ROWS` rows) and its bold-led summary paragraphs; long tables, pictures and the prose around them are
+    the section's own page."""
+    blocks = [b.strip() for b in re.split(r"\n\s*\n", body.strip()) if b.strip()]
+    kept = blocks[:2]
+    for block in blocks[2:]:
+        rows = len(block.splitlines()) - 2  # a table's header and rule
+        if (block.startswith("|") and rows <= SUMMARY_ROWS) or block.startswith("**"):
+            kept.append(block)
+    return "\n\n".join(kept)
+
+
 def write_section(name: str, body: str) -> None:
-    """Replace (or append) the section delimited by ``<!-- name -->`` markers."""
+    """Write a section: its whole text to ``docs/benchmarks/<name>.md``, and its headline (`headline`) with a link
+    there between the ``<!-- name -->`` markers of docs/benchmarks.md (other sections are kept)."""
+    body = body.strip()
+    DETAILS.mkdir(parents=True, exist_ok=True)
+    page = body.replace("](images/", "](../images/").replace("](benchmarks.md", "](../benchmarks.md")
+    detail = DETAILS / f"{name}.md"
+    notes = detail.read_text().partition(NOTES)[2] if detail.exists() else ""  # written by hand: kept
+    detail.write_text(page + "\n" + (f"\n{NOTES}{notes}" if notes.strip() else ""))
+    short = headline(body)
+    if short != body:
+        title = body.splitlines()[0].lstrip("# ").strip()
+        short += f"\n\nThe whole section: [{title}](benchmarks/{name}.md)."
     text = DOC.read_text() if DOC.exists() else HEADER
-    block = f"<!-- {name} -->\n{body.strip()}\n<!-- /{name} -->"
+    block = f"<!-- {name} -->\n{short}\n<!-- /{name} -->"
     pattern = re.compile(rf"<!-- {re.escape(name)} -->.*?<!-- /{re.escape(name)} -->", re.DOTALL)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     DOC.parent.mkdir(parents=True, exist_ok=True)

@@ -55,3 +55,26 @@ def test_the_docs_site_renders_no_sphinx_roles_and_loads_nothing_from_other_host
         external = [u for u in loads if not u.startswith(("http://127.0.0.1", "http://localhost"))]
         assert not external, (page.name, external[:3])
         assert "api.github.com" not in html and "fonts.googleapis" not in html
+
+
+def test_a_benchmark_section_writes_its_headline_here_and_its_whole_text_to_its_own_page(tmp_path, monkeypatch):
+    """docs/benchmarks.md keeps a section's heading, command, summary tables and bold summaries; its own page keeps
+    everything, and a rerun keeps the page's hand-written notes."""
+    from benchmarks import _report
+
+    monkeypatch.setattr(_report, "DOC", tmp_path / "benchmarks.md")
+    monkeypatch.setattr(_report, "DETAILS", tmp_path / "benchmarks")
+    rows = "\n".join(f"| r{i} | {i} |" for i in range(10))
+    body = (f"## Speed\n\n`python -m benchmarks.speed`\n\n| a | b |\n| --- | --- |\n| x | 1 |\n\n**Median 3.2 s.**\n\n"
+            f"Some prose.\n\n| row | n |\n| --- | --- |\n{rows}\n\n![sheet](images/s.png)\n\nThe sheet's caption.")
+    _report.write_section("speed", body)
+    doc = (tmp_path / "benchmarks.md").read_text()
+    assert "`python -m benchmarks.speed`" in doc and "| x | 1 |" in doc and "**Median 3.2 s.**" in doc
+    assert "| r9 | 9 |" not in doc and "Some prose" not in doc and "s.png" not in doc
+    assert "[Speed](benchmarks/speed.md)" in doc
+    page = tmp_path / "benchmarks" / "speed.md"
+    assert "| r9 | 9 |" in page.read_text() and "](../images/s.png)" in page.read_text()
+    page.write_text(page.read_text() + "\n## Notes\n\nWritten by hand.\n")
+    _report.write_section("speed", body.replace("3.2", "3.1"))
+    assert "Median 3.1 s." in page.read_text() and "Written by hand." in page.read_text()
+    assert (tmp_path / "benchmarks.md").read_text().count("<!-- speed -->") == 1
