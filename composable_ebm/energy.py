@@ -392,6 +392,12 @@ class _Composite(Energy):
 
     takes_noise_level = True
 
+    def __init__(self, parts: Sequence[Energy], input_shape: Sequence[int], value_range: tuple[float, float] | None,
+                 attributes: Mapping[str, Sequence[str]] | None = None) -> None:
+        depth = _check_nesting(parts)  # before any module is built: a tree too deep is one line
+        super().__init__(input_shape, value_range, attributes)
+        self._nesting = depth
+
     @property
     def noise_conditioned(self) -> bool:
         """Whether any term depends on the noise level."""
@@ -401,7 +407,7 @@ class _Composite(Energy):
     def __getattr__(self, name: str) -> Any:
         if name in ("save_pretrained", "push_to_hub"):
             raise NotSavableError(f"a {type(self).__name__} has no {name}: only a trained model (cebm.load, a network"
-                                 " class) is saved or pushed; save each model a composite is made of")
+                                  " class) is saved or pushed; save each model a composite is made of")
         return super().__getattr__(name)
 
 
@@ -420,9 +426,7 @@ class WeightedSum(_Composite):
         if len(weights) != len(terms) or not terms:
             raise ValueError("WeightedSum needs one weight per term and at least one term")
         input_shape, value_range = _check_compatible(terms)
-        depth = _check_nesting(terms)
-        super().__init__(input_shape, value_range)
-        self._nesting = depth
+        super().__init__(terms, input_shape, value_range)
         self.weights: tuple[float, ...] = tuple(float(w) for w in weights)
         self.terms = nn.ModuleList(terms)
 
@@ -487,9 +491,7 @@ class Disjunction(_Composite):
         for t in terms:
             flat.extend(t.terms if isinstance(t, Disjunction) else [t])
         input_shape, value_range = _check_compatible(flat)
-        depth = _check_nesting(flat)
-        super().__init__(input_shape, value_range)
-        self._nesting = depth
+        super().__init__(flat, input_shape, value_range)
         self.terms = nn.ModuleList(flat)
 
     def energy(self, x: Tensor, labels: Labels | None, sigma: Tensor | None = None) -> Tensor:
@@ -510,9 +512,7 @@ class Conditioned(_Composite):
 
     def __init__(self, base: Energy, bound: Mapping[str, int | Tensor]) -> None:
         remaining = {k: v for k, v in base.attributes.items() if k not in bound}
-        depth = _check_nesting([base])
-        super().__init__(base.input_shape, base.value_range, remaining)
-        self._nesting = depth
+        super().__init__([base], base.input_shape, base.value_range, remaining)
         self.base = base
         self.bound: dict[str, int | Tensor] = dict(bound)
 
@@ -585,9 +585,7 @@ class Guided(_Composite):
             raise ValueError(f"Guided needs one guidance interval (or None) per term, got {len(intervals)} for"
                              f" {len(terms)} terms")
         input_shape, value_range = _check_compatible(terms)
-        depth = _check_nesting(terms)
-        super().__init__(input_shape, value_range)
-        self._nesting = depth
+        super().__init__(terms, input_shape, value_range)
         for term in terms:
             if not isinstance(term, Conditioned) or not term.base.has_null_condition:
                 raise ValueError(

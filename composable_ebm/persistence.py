@@ -150,9 +150,7 @@ def _check_input_record(path: Path, model: nn.Module, metadata: dict[str, str]) 
         return
     try:
         saved = load_json(text, f"{path}: its {INPUT_KEY} metadata", ModelFileError)
-    except ValueError as err:
-        if isinstance(err, ModelFileError):
-            raise
+    except json.JSONDecodeError as err:
         raise ModelFileError(f"{path}: its {INPUT_KEY} metadata is not JSON") from err
     now = _input_record(model)
     for key in sorted(set(saved) & set(now)):

@@ -249,7 +249,7 @@ def test_a_render_that_runs_past_its_bound_is_one_line_and_writes_nothing(tmp_pa
 
     monkeypatch.setattr(faces.subprocess, "run", slow)
     out = tmp_path / "faces"
-    with pytest.raises(RunFailure, match=r"rendering 100,000 faces did not finish in 5,600 s"):
+    with pytest.raises(RunFailure, match=r"rendering 100,000 faces did not finish in 10,600 s"):
         faces.render_faces(out, 100_000)
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".faces-")]
 
