@@ -218,29 +218,9 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     data = build_dataset(spec.data, spec.folder)
     model = build_model(spec, data)
     trainer = Trainer(model, data, spec.trainer, out_dir=out, device=torch.device(device))
-    aside, resumed_from = None, None
-    init_changes: list[str] = []
     try:
-        if not resume:
-            moved = set_aside_previous_run(out, overwrite)
-            if moved is not None:
-                aside = moved[0]
-                say(f"moved the previous run's {', '.join(moved[1])} to {aside}")
-                if trainer.log is not None:
-                    trainer.log = type(trainer.log)(out)  # a fresh log (and TensorBoard writer) in the emptied folder
-        if resume and trainer.checkpoint_path is not None and trainer.checkpoint_path.is_file():
-            _check_recipe_unchanged(out / NETWORK_FILE, model, spec, allow_config_change, say)
-        if resume and trainer.resume(allow_config_change=allow_config_change):
-            _check_network_recorded(out / NETWORK_FILE, allow_config_change, say)
-            resumed_from = trainer.step
-            say(f"resumed from step {trainer.step}" + ("" if trainer.resumed_exactly else
-                " on another kind of device than the checkpoint's: the run goes on, but not bit for bit")
-                + (f" (--init {init} ignored: the checkpoint holds the run's weights)" if init is not None else ""))
-        elif init is not None:
-            init_changes = _start_from(trainer, init, allow_config_change)
-            trainer.save_checkpoint()
-            say(f"started from the weights of {init}" + (f"; settings changed: {'; '.join(init_changes)}"
-                                                          if init_changes else ""))
+        aside, resumed_from, init_changes = _start(trainer, model, spec, out, resume=resume, overwrite=overwrite,
+                                                   allow_config_change=allow_config_change, init=init, say=say)
         total = steps if steps is not None else spec.trainer.steps
         if trainer.rank == 0:
             _write_network(model, out / NETWORK_FILE, spec)
@@ -252,32 +232,17 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         # disable=None: the bar draws on a terminal only, so a log file gets no carriage returns
         bar = tqdm(total=total, initial=trainer.step, disable=True if not progress or trainer.rank != 0 else None,
                    desc="training")
-
-        def tick(step: int, record: StepRecord) -> None:
-            bar.update(step - bar.n)
-            if record.e_diff is not None:
-                bar.set_postfix(e_diff=f"{record.e_diff:+.3f}", refresh=False)
-            else:
-                bar.set_postfix(loss=f"{record.loss:.4f}", refresh=False)
-
         start = time.perf_counter()
         with StopRequests(max_minutes) as stop:
             try:
-                summary = trainer.fit(total, callback=tick, should_stop=stop)
+                summary = trainer.fit(total, callback=_progress(bar), should_stop=stop)
             finally:
                 bar.close()
         seconds = time.perf_counter() - start
         ema = trainer.ema
         ema.sampling_defaults = model.sampling_defaults
         if trainer.rank == 0:
-            notes = f"The run was started from the weights of `{init}` (`--init`), with a fresh optimiser." if init else None
-            if init and init_changes:
-                notes += " Its settings differ from that model's in: " + "; ".join(f"`{c}`" for c in init_changes) + "."
-            if precision is not None:
-                notes = ((notes + " ") if notes else "") + f"Trained with `--precision {precision}` over the recipe's setting."
-            if settings:
-                notes = ((notes + " ") if notes else "") + ("Trained with " + " ".join(f"`--set {s}`" for s in settings)
-                                                            + " over the recipe's settings.")
+            notes = _card_notes(init, init_changes, precision, settings)
             card = model_card(ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
                               location=str(out / "model"), license=license, notes=notes)
             save_model(ema, out / "model", card=card)
@@ -293,6 +258,63 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                           stop.reason if summary.stopped else None)
     finally:
         trainer.close()
+
+
+def _start(trainer: Any, model: Any, spec: Any, out: Path, *, resume: bool, overwrite: bool,
+           allow_config_change: bool, init: str | Path | None, say: Callable[[str], None]
+           ) -> tuple[Path | None, int | None, list[str]]:
+    """Start a run: a new one (the previous run's files moved aside when ``overwrite``), a resumed one (its recipe and
+    network checked against the checkpoint's), or a fine-tune from ``init``. Returns the folder the previous run was
+    moved to, the step resumed from and the settings ``init``'s model differs in."""
+    aside, resumed_from, init_changes = None, None, []
+    if not resume:
+        moved = set_aside_previous_run(out, overwrite)
+        if moved is not None:
+            aside = moved[0]
+            say(f"moved the previous run's {', '.join(moved[1])} to {aside}")
+            if trainer.log is not None:
+                trainer.log = type(trainer.log)(out)  # a fresh log (and TensorBoard writer) in the emptied folder
+    if resume and trainer.checkpoint_path is not None and trainer.checkpoint_path.is_file():
+        _check_recipe_unchanged(out / NETWORK_FILE, model, spec, allow_config_change, say)
+    if resume and trainer.resume(allow_config_change=allow_config_change):
+        _check_network_recorded(out / NETWORK_FILE, allow_config_change, say)
+        resumed_from = trainer.step
+        say(f"resumed from step {trainer.step}" + ("" if trainer.resumed_exactly else
+            " on another kind of device than the checkpoint's: the run goes on, but not bit for bit")
+            + (f" (--init {init} ignored: the checkpoint holds the run's weights)" if init is not None else ""))
+    elif init is not None:
+        init_changes = _start_from(trainer, init, allow_config_change)
+        trainer.save_checkpoint()
+        say(f"started from the weights of {init}" + (f"; settings changed: {'; '.join(init_changes)}"
+                                                      if init_changes else ""))
+    return aside, resumed_from, init_changes
+
+
+def _progress(bar: Any) -> Callable[[int, StepRecord], None]:
+    """The trainer's callback that moves the progress bar and shows the energy difference (or the loss)."""
+    def tick(step: int, record: StepRecord) -> None:
+        bar.update(step - bar.n)
+        if record.e_diff is not None:
+            bar.set_postfix(e_diff=f"{record.e_diff:+.3f}", refresh=False)
+        else:
+            bar.set_postfix(loss=f"{record.loss:.4f}", refresh=False)
+    return tick
+
+
+def _card_notes(init: str | Path | None, init_changes: Sequence[str], precision: str | None,
+                settings: Sequence[str]) -> str | None:
+    """What the card says of how the run was started and changed over its recipe: ``--init``, ``--precision``,
+    ``--set``."""
+    notes = []
+    if init:
+        notes.append(f"The run was started from the weights of `{init}` (`--init`), with a fresh optimiser.")
+        if init_changes:
+            notes.append("Its settings differ from that model's in: " + "; ".join(f"`{c}`" for c in init_changes) + ".")
+    if precision is not None:
+        notes.append(f"Trained with `--precision {precision}` over the recipe's setting.")
+    if settings:
+        notes.append("Trained with " + " ".join(f"`--set {s}`" for s in settings) + " over the recipe's settings.")
+    return " ".join(notes) or None
 
 
 def _write_network(model: Any, path: Path, spec: Any) -> None:

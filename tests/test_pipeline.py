@@ -72,8 +72,9 @@ def test_the_same_expression_and_seed_give_the_same_samples_everywhere(tmp_path,
     energy = parse_expression(EXPRESSION, bundled.__getitem__)
     direct = energy.sample(4, seed=3, steps=5)
     out = tmp_path / "grid.png"
-    result = runner.invoke(app, ["compose", EXPRESSION, "-n", "4", "--seed", "3", "--steps", "5", "--scale", "1",
-                                 "--no-progress", "-o", str(out)])
+    threads = str(torch.get_num_threads())  # the same float sums: the command line's default could be another count
+    result = runner.invoke(app, ["--threads", threads, "compose", EXPRESSION, "-n", "4", "--seed", "3", "--steps", "5",
+                                 "--scale", "1", "--no-progress", "-o", str(out)])
     assert result.exit_code == 0, result.output
     with Image.open(out) as im:
         assert np.array_equal(np.asarray(im.convert("RGB")), np.asarray(image_grid(direct, scale=1).convert("RGB")))

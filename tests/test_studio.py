@@ -99,7 +99,6 @@ def test_readings_mark_asked_values_right_or_wrong_and_leave_the_rest_unmarked()
 
 
 def test_generate_samples_the_expression_and_reads_it(tmp_path):
-    torch.set_num_threads(2)
     models = studio.ModelCache("cpu")
     steps = []
     made = studio.generate(models, terms_to_expression(RED_CIRCLE_LARGE), n=4, seed=3, steps="5", step_size="",

@@ -38,11 +38,13 @@ def _chromium() -> str | None:
 def url():
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(2)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     app = studio.launch("127.0.0.1", device="cpu", prevent_thread_lock=True, quiet=True)  # as `cebm studio` serves it
     yield app.local_url
     app.close()
+    torch.set_num_threads(threads)  # the tests after this module run as they would alone
 
 
 @pytest.fixture(scope="module")
