@@ -44,8 +44,7 @@ from torch import nn
 
 from composable_ebm._version import __version__
 from composable_ebm.atomic import fsync_file, pid_alive, shared_mode
-from composable_ebm.configs import (MAX_CONFIG_BYTES, MAX_JSON_DEPTH, MAX_PARAMETERS, config_from_dict, config_to_dict,
-                                    json_depth, load_json)
+from composable_ebm.configs import MAX_CONFIG_BYTES, MAX_PARAMETERS, config_from_dict, config_to_dict, load_json
 from composable_ebm.energy import Energy
 from composable_ebm.errors import InvalidInputError, ModelFileError, ModelNotFoundError, NonFiniteError
 from composable_ebm.hub import (
@@ -211,8 +210,7 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     folder.parent.mkdir(parents=True, exist_ok=True)
     recover_folder(folder)
-    if folder.exists() and not folder.is_dir():
-        raise InvalidInputError(f"{folder} exists and is not a folder; a model is saved as a folder")
+    _refuse_a_file(folder)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.new-{os.getpid()}-"))
     try:
         os.chmod(staging, shared_mode(directory=True))
@@ -233,18 +231,22 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
     return folder
 
 
-def check_new_folder(folder: str | Path, option: str = "--overwrite") -> None:
-    """Refuse an output folder that exists and holds anything (or is a file), in one line that names ``option``: a
-    save never replaces what it was not asked to."""
-    folder = Path(folder)
+def _refuse_a_file(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise InvalidInputError(f"{folder} exists and is not a folder; a model is saved as a folder: choose a new one")
+
+
+def check_new_folder(folder: str | Path) -> None:
+    """Refuse an output folder that exists and holds anything (or is a file), in one line that names
+    ``--overwrite``: a save never replaces what it was not asked to."""
+    folder = Path(folder)
+    _refuse_a_file(folder)
     if folder.is_dir():
         entries = sorted(p.name for p in itertools.islice(folder.iterdir(), 4))
         if entries:
             shown = ", ".join(entries[:3]) + (" ..." if len(entries) > 3 else "")
-            raise InvalidInputError(f"{folder} is not empty ({shown}); choose a new or empty folder, or pass {option}"
-                                    " to replace the model files in it (other files stay)")
+            raise InvalidInputError(f"{folder} is not empty ({shown}); choose a new or empty folder, or pass"
+                                    " --overwrite to replace the model files in it (other files stay)")
 
 
 def _link_tree(source: Path, target: Path, skip: set[str] = frozenset()) -> None:
@@ -363,10 +365,7 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...]
         if n > min(size - 8, MAX_HEADER_BYTES):
             raise bad(f"a header of {n:,} bytes in a file of {size:,}")
         try:
-            text = f.read(n)
-            if json_depth(text) > MAX_JSON_DEPTH:
-                raise bad(f"its header nests deeper than {MAX_JSON_DEPTH} levels")
-            header = json.loads(text)
+            header = load_json(f.read(n), f"{path}: not a readable safetensors file (its header)", ModelFileError)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise bad(f"its header is not JSON: {err}") from err
     if not isinstance(header, dict):

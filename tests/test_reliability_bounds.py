@@ -275,3 +275,12 @@ def test_rendering_faces_where_no_folder_can_be_made_is_one_line_naming_the_fold
     locked.write_text("a file, not a folder")
     with pytest.raises(InvalidInputError, match=r"cannot write the faces folder .*locked/faces: .*locked does not take"):
         faces.render_faces(locked / "faces", 2)
+
+
+def test_a_weights_header_of_deeply_nested_json_is_one_line_naming_the_file(tmp_path):
+    folder = save_model(_tiny(), tmp_path / "m")
+    header = b"[" * 100_000 + b"]" * 100_000
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(ModelFileError, match=r"model.safetensors: not a readable safetensors file \(its header\): JSON"
+                                             r" nested 100000 levels deep"):
+        load_model(folder)

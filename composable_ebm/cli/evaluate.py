@@ -137,10 +137,12 @@ def eval_ood(
         energy = energy.condition(**bindings)
     c, h, w = energy.input_shape
 
+    registered_names = DATASETS.names()
+
     def registered(name: str, offset: int) -> torch.Tensor:
-        if name not in DATASETS.names():
+        if name not in registered_names:
             raise InvalidInputError(f"unknown data {name!r}; valid choices: a registered dataset"
-                                    f" ({', '.join(DATASETS.names())}), noise, or a folder of images")
+                                    f" ({', '.join(registered_names)}), noise, or a folder of images")
         cls = DATASETS.get(name)
         fields = {f.name for f in dataclasses.fields(cls)}
         given = {k: v for k, v in {"n": n, "size": h, "seed": seed + offset}.items() if k in fields}
@@ -148,7 +150,7 @@ def eval_ood(
         x = getattr(data, "images", None)
         if x is None or x.ndim != 4:
             raise InvalidInputError(f"{name} is not a dataset of images; valid choices: an image dataset"
-                                    f" ({', '.join(DATASETS.names())}), noise, or a folder of images")
+                                    f" ({', '.join(registered_names)}), noise, or a folder of images")
         x = x[:n]
         return x.float() / 255 if x.dtype == torch.uint8 else x.float()
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from composable_ebm.errors import InvalidInputError, bug_line, exit_code_for, one_line
 from composable_ebm.expression import parse_expression
-
 from composable_ebm.studio.terms import Term, alternatives, expression_to_terms
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from composable_ebm.errors import InvalidInputError
-
 from composable_ebm.studio.actions import (DEFAULT_TERMS, MAX_SAMPLES, MAX_STEPS, MAX_WORK, ModelCache, Stopped,
                                            energy_models, error_line, generate, page_form, readings_html,
                                            sampler_summary)

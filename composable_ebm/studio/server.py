@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from composable_ebm.errors import InvalidInputError
-
 from composable_ebm.studio.layout import CSS, build_app
 
 
@@ -70,7 +69,7 @@ class HostGuard:
         origin = headers.get("origin")
         scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
         own = f"{scheme}://{host.strip().lower()}"
-        if origin is not None and origin.strip().lower() != own and origin.strip().lower() not in self.origins:
+        if origin is not None and origin.strip().lower() not in {own, *self.origins}:
             return (f"Origin {origin!r} is another origin than this studio's ({own}); start it with --allowed-origin"
                     " URL to allow one")
         site = headers.get("sec-fetch-site", "").lower()
