@@ -73,7 +73,6 @@ times), so that a measured gap can be told from the noise of its ``--n`` samples
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import statistics
@@ -95,7 +94,7 @@ from composable_ebm.errors import InvalidInputError
 from composable_ebm.evaluation.conditional import max_deviation, value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.expression import parse_expression
-from composable_ebm.pipeline import composed, has_guided_form, plan
+from composable_ebm.pipeline import composed, has_guided_form
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTES = ("smiling", "glasses", "hat", "hair")
@@ -185,13 +184,7 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
         energy = Guided(energy.weights, list(energy.terms),
                         [(scales or {}).get(a, s) for a, s in zip(bound, energy.scales, strict=True)],
                         [(intervals or {}).get(a, i) for a, i in zip(bound, energy.intervals, strict=True)])
-    overrides = {}
-    if ladder:
-        own = plan(energy, job["form"]).config
-        overrides["ladder"] = dataclasses.replace(own.ladder, levels=ladder.get("levels", own.ladder.levels),
-                                                  first_steps=ladder.get("first_steps", own.ladder.first_steps))
-        overrides["steps"] = ladder.get("steps", own.steps)
-    samples = energy.sample(n, seed=job["index"], form=job["form"], **overrides).cpu()
+    samples = energy.sample(n, seed=job["index"], form=job["form"], **(ladder or {})).cpu()
     read = classifier.predict(samples)
     hits = _hits(read, job["want"])
     row = {k: job[k] for k in ("index", "kind", "form", "expression", "want") if k in job}

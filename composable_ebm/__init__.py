@@ -19,7 +19,7 @@ _EXPORTS = {
                      "WeightedSum", "guided"], "composable_ebm.energy"),
     **dict.fromkeys(["BlockSpec", "DenoisingUNetConfig", "DenoisingUNetEnergy", "MLPConfig", "MLPEnergy",
                      "ResNetConfig", "ResNetEnergy"], "composable_ebm.nets"),
-    **dict.fromkeys(["AugmentConfig", "NoiseLadder", "SampleResult", "SamplerConfig", "SamplingDefaults"],
+    **dict.fromkeys(["AugmentConfig", "LadderConfig", "SampleResult", "SamplerConfig", "SamplingDefaults"],
                     "composable_ebm.sampling"),
     "sample": "composable_ebm.pipeline",
     **dict.fromkeys(["ReplayBuffer", "Trainer", "TrainerConfig", "TrainingDiverged"], "composable_ebm.training"),
@@ -82,7 +82,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from composable_ebm.nets import (BlockSpec, DenoisingUNetConfig, DenoisingUNetEnergy, MLPConfig, MLPEnergy,
                                      ResNetConfig, ResNetEnergy)
     from composable_ebm.pipeline import sample
-    from composable_ebm.sampling import AugmentConfig, NoiseLadder, SampleResult, SamplerConfig, SamplingDefaults
+    from composable_ebm.sampling import AugmentConfig, LadderConfig, SampleResult, SamplerConfig, SamplingDefaults
     from composable_ebm.training import ReplayBuffer, Trainer, TrainerConfig, TrainingDiverged
 
 __all__ = [
@@ -104,7 +104,7 @@ __all__ = [
     "MLPConfig",
     "NULL",
     "MLPEnergy",
-    "NoiseLadder",
+    "LadderConfig",
     "Pretrained",
     "ReplayBuffer",
     "ResNetConfig",

@@ -45,7 +45,7 @@ from torch import nn
 from composable_ebm._version import __version__
 from composable_ebm.atomic import fsync_file, pid_alive, shared_mode
 from composable_ebm.configs import MAX_CONFIG_BYTES, MAX_PARAMETERS, config_from_dict, config_to_dict, load_json
-from composable_ebm.energy import Energy
+from composable_ebm.energy import Energy, NoiseConditioned
 from composable_ebm.errors import InvalidInputError, ModelFileError, ModelNotFoundError, NonFiniteError
 from composable_ebm.hub import (
     CARD_NAME,
@@ -61,7 +61,7 @@ from composable_ebm.hub import (
     upload_folder,
 )
 from composable_ebm.model_cards import model_card
-from composable_ebm.sampling import SamplingDefaults
+from composable_ebm.sampling import LadderConfig, SamplingDefaults
 
 __all__ = [
     "BUNDLED_DIR", "CARD_NAME", "CONFIG_KEYS", "CONFIG_NAME", "MAX_PARAMETERS", "WEIGHTS_NAME", "Pretrained",
@@ -172,6 +172,10 @@ def model_payload(model: nn.Module) -> dict[str, Any]:
     }
     if isinstance(model, Energy):
         defaults = getattr(model, "sampling_defaults", None)
+        if defaults is not None and isinstance(defaults.sampler, LadderConfig) != isinstance(model, NoiseConditioned):
+            wanted = "a LadderConfig" if isinstance(model, NoiseConditioned) else "a SamplerConfig"
+            raise InvalidInputError(f"{model.name}'s sampling_defaults hold a {type(defaults.sampler).__name__}, which"
+                                    f" its family does not sample with; valid choices: {wanted}")
         payload["sampler"] = defaults.to_flat() if defaults is not None else None
     return payload
 
@@ -334,10 +338,11 @@ def read_config(folder: str | Path, path: str | Path | None = None) -> dict[str,
 def typed_configs(folder: Path, payload: dict[str, Any],
                   path: Path | None = None) -> tuple[Any, SamplingDefaults | None]:
     """The network config and sampling defaults of a ``config.json`` payload, type- and range-checked."""
-    config_cls = model_class(payload["model_type"]).config_class
+    cls = model_class(payload["model_type"])
     try:
-        config = config_from_dict(config_cls, payload["config"])
-        sampler = SamplingDefaults.from_flat(payload["sampler"]) if payload.get("sampler") is not None else None
+        config = config_from_dict(cls.config_class, payload["config"])
+        sampler = (SamplingDefaults.from_flat(payload["sampler"], ladder=issubclass(cls, NoiseConditioned), saved=True)
+                   if payload.get("sampler") is not None else None)
     except InvalidInputError as err:
         raise ModelFileError(f"{path or folder / CONFIG_NAME}: {err}") from err
     return config, sampler

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from composable_ebm.energy import Conditioned, Disjunction, Energy, Guided, NoiseConditioned, WeightedSum, guided
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.sampling import SampleResult, SamplerConfig, SamplingDefaults, with_overrides
+from composable_ebm.sampling import ChainSettings, LadderConfig, SampleResult, SamplerConfig, SamplingDefaults, with_overrides
 from composable_ebm.sampling import sample as run_sampler
 
 Form = Literal["auto", "plain", "guided"]
@@ -122,19 +122,25 @@ def _settings(energy: Energy, alone: bool) -> SamplingDefaults | None:
     first = next((d for d in parts if d is not None), None)
     if first is None:
         return None
-    shared = len({d.sampler.augment if d is not None else None for d in parts}) == 1
-    keeps = shared and all(_preserves(t, d) for t, d in zip(energy.terms, parts, strict=True))
-    sampler = dataclasses.replace(first.sampler, augment=first.sampler.augment if keeps else None)
+    sampler = first.sampler
+    if isinstance(sampler, SamplerConfig):
+        augments = {getattr(d.sampler, "augment", None) if d is not None else None for d in parts}
+        keeps = len(augments) == 1 and all(_preserves(t, d) for t, d in zip(energy.terms, parts, strict=True))
+        sampler = dataclasses.replace(sampler, augment=sampler.augment if keeps else None)
     if isinstance(energy, WeightedSum):
         sampler = dataclasses.replace(sampler, step_size=sampler.step_size / len(energy.terms))
+    return SamplingDefaults(_within_levels(energy, sampler))
+
+
+def _within_levels(energy: Energy, sampler: ChainSettings) -> ChainSettings:
+    """A ladder cut to the levels every model in ``energy`` was trained on (`trained_levels`); other settings as
+    they are."""
     levels = trained_levels(energy)
-    if sampler.ladder is not None and levels is not None:
-        low, high = levels
-        ladder = sampler.ladder
-        high = min(ladder.sigma_max, high)
-        low = min(max(ladder.sigma_min, low), high)
-        sampler = dataclasses.replace(sampler, ladder=dataclasses.replace(ladder, sigma_min=low, sigma_max=high))
-    return SamplingDefaults(sampler)
+    if not isinstance(sampler, LadderConfig) or levels is None:
+        return sampler
+    high = min(sampler.sigma_max, levels[1])
+    low = min(max(sampler.sigma_min, levels[0]), high)
+    return dataclasses.replace(sampler, sigma_min=low, sigma_max=high)
 
 
 def trained_levels(energy: Energy) -> tuple[float, float] | None:
@@ -162,11 +168,11 @@ def _noise_ranges(energy: Energy) -> dict[Energy, tuple[float, float]]:
     return out
 
 
-def _warn_outside(energy: Energy, config: SamplerConfig) -> None:
+def _warn_outside(energy: Energy, config: ChainSettings) -> None:
     """Warn when ``config``'s noise ladder reaches levels some model in ``energy`` was not trained on."""
-    if config.ladder is None:
+    if not isinstance(config, LadderConfig):
         return
-    top, bottom = config.ladder.sigma_max, config.ladder.sigma_min
+    top, bottom = config.sigma_max, config.sigma_min
     for part, (low, high) in _noise_ranges(energy).items():
         if top > high * (1 + 1e-6) or bottom < low * (1 - 1e-6):
             warnings.warn(f"the noise ladder [{bottom:g}, {top:g}] reaches levels {part.name} was not trained on"
@@ -185,10 +191,10 @@ class Plan:
     """What `sample` runs: the energy in its form and the settings, overrides applied."""
 
     energy: Energy
-    config: SamplerConfig
+    config: ChainSettings
 
 
-def plan(energy: Energy, form: str = "auto", config: SamplerConfig | None = None, **overrides: Any) -> Plan:
+def plan(energy: Energy, form: str = "auto", config: ChainSettings | None = None, **overrides: Any) -> Plan:
     """The energy and settings `sample` would run for ``energy`` (the studio shows them beside the expression)."""
     if not isinstance(energy, Energy):
         raise InvalidInputError(f"can only sample an Energy, got {type(energy).__name__}")
@@ -198,16 +204,22 @@ def plan(energy: Energy, form: str = "auto", config: SamplerConfig | None = None
     _check_floor(runs)
     if config is None:
         defaults = default_settings(runs)
-        config = defaults.sampler if defaults is not None else SamplerConfig()
+        config = defaults.sampler if defaults is not None else _family_default(runs)
     config = with_overrides(config, overrides)
     _warn_outside(runs, config)
     return Plan(runs, config)
 
 
+def _family_default(energy: Energy) -> ChainSettings:
+    """The settings of an energy none of whose parts has its own: a `LadderConfig` over the levels its models were
+    trained on for a noise-conditioned energy, `SamplerConfig`'s defaults otherwise."""
+    return _within_levels(energy, LadderConfig()) if energy.noise_conditioned else SamplerConfig()
+
+
 def sample(
     energy: Energy,
     n: int | None = None,
-    config: SamplerConfig | None = None,
+    config: ChainSettings | None = None,
     *,
     form: str = "auto",
     x0: Tensor | None = None,
@@ -236,8 +248,10 @@ def sample(
     if acc is not None and acc.numel() and not bool(acc.any()):
         raise InvalidInputError(
             f"{chosen.config.method} accepted none of {acc.numel()} steps' proposals for {energy.expression()}, so the"
-            f" samples are the starting noise: its proposals (step size {chosen.config.step_size:g}, noise std"
-            f" {chosen.config.noise_std:.3g}) are too far for this energy; lower the step size or the noise")
+            f" samples are the starting noise: its proposals (step size {chosen.config.step_size:g}"
+            + (f", noise std {chosen.config.noise_std:.3g}" if isinstance(chosen.config, SamplerConfig) else "")
+            + ") are too far for this energy; lower the step size" + (" or the noise" if isinstance(
+                chosen.config, SamplerConfig) else ""))
     return result
 
 

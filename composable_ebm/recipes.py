@@ -7,9 +7,10 @@ A recipe has four tables::
     [data]       # dataset = a registered dataset (`DATASETS`: "shapes", "digits", "folder", "cifar10", "toy2d"), that
                  # dataset's settings, and attributes = what the model conditions on
     [trainer]    # TrainerConfig fields, with [trainer.sampler] and [trainer.chain_augment] sub-tables
-    [sampling]   # the model's sampling defaults (SamplingDefaults: SamplerConfig fields, guidance_scale,
-                 # guidance_interval, guided_alone, augment_preserves), saved with it; [sampling.augment];
-                 # [sampling.alone] (the fields that change when the model is sampled on its own)
+    [sampling]   # the model's sampling defaults (SamplingDefaults: SamplerConfig fields, or LadderConfig fields for a
+                 # noise-conditioned network; guidance_scale, guidance_interval, guided_alone, augment_preserves),
+                 # saved with it; [sampling.augment]; [sampling.alone] (the fields that change when the model is
+                 # sampled on its own)
 
 A recipe may start from another with ``base = "other.toml"`` (a path relative to the recipe):
 its tables are merged key by key, the recipe's own values winning. Optional tables
@@ -36,7 +37,7 @@ import torch
 
 from composable_ebm.configs import config_from_dict
 from composable_ebm.data import DATASETS, DataConfig, ImageDataset
-from composable_ebm.energy import Energy
+from composable_ebm.energy import Energy, NoiseConditioned
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets import NETWORKS
 from composable_ebm.sampling import SamplingDefaults
@@ -100,13 +101,14 @@ def load_recipe(path: str | Path, settings: Sequence[str] = ()) -> Recipe:
         model_type = model.pop("type", "resnet")
         if not isinstance(model_type, str):
             raise InvalidInputError(f"[model] type must be a network name; valid choices: {NETWORKS.names()}")
-        NETWORKS.get(model_type, "[model] ")
+        network = NETWORKS.get(model_type, "[model] ")
         data = data_config(raw.get("data", {}))
         trainer_table = dict(raw.get("trainer", {}))
         if "seed" not in trainer_table:
             trainer_table["seed"] = recipe_seed(str(model.get("name", path.stem)))
         trainer = config_from_dict(TrainerConfig, trainer_table)
-        sampling = SamplingDefaults.from_flat(raw["sampling"]) if "sampling" in raw else None
+        ladder = issubclass(network, NoiseConditioned)
+        sampling = SamplingDefaults.from_flat(raw["sampling"], ladder=ladder) if "sampling" in raw else None
         model_config(model_type, model)  # checked now, before any data is built
         kept = sampling.augment_preserves if sampling is not None else None
         foreign = sorted(set(kept or ()) - set(data.attributes))

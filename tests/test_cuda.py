@@ -105,15 +105,15 @@ def test_a_chain_replayed_from_cuda_graphs_draws_the_eager_chains_noise(cuda_gra
     noise ladder whose every level is captured with eager draws between levels, give the eager samples from the
     same seed. A graph that drew other noise, or left the generator behind, would move them by the noise's size."""
     from composable_ebm.analytic import GaussianEnergy, NoisedGaussianEnergy
-    from composable_ebm.sampling import NoiseLadder, SamplerConfig, sample
+    from composable_ebm.sampling import LadderConfig, SamplerConfig, sample
     from composable_ebm.sampling.graphs import MIN_STEPS, _cache
 
     gaussian = GaussianEnergy(torch.tensor([1.0, 0.0]), torch.tensor([[1.0, 0.3], [0.3, 0.5]])).to("cuda")
     a = NoisedGaussianEnergy(torch.tensor([1.0, 0.0]), torch.tensor([[1.0, 0.3], [0.3, 0.5]]), name="a")
     b = NoisedGaussianEnergy(torch.tensor([-1.0, 1.0]), torch.tensor([[0.5, 0.0], [0.0, 1.0]]), name="b")
     product = (a + b).to("cuda")
-    ladder = SamplerConfig(method="mala", noise="exact", steps=MIN_STEPS, step_size=0.5,
-                           ladder=NoiseLadder(levels=3, sigma_min=0.1, sigma_max=1.0, first_steps=MIN_STEPS))
+    ladder = LadderConfig(method="mala", steps=MIN_STEPS, step_size=0.5, levels=3, sigma_min=0.1, sigma_max=1.0,
+                          first_steps=MIN_STEPS)
     cases = ((gaussian, SamplerConfig(method="langevin", steps=2 * MIN_STEPS, step_size=0.01, noise=0.1)),
              (product, ladder))
     for energy, config in cases:
@@ -169,7 +169,7 @@ def test_a_chain_whose_capture_fails_runs_eagerly_with_the_eager_draws(cuda_grap
     chain, and MALA down a noise ladder) draw exactly what they draw eagerly, so the generator they share with the
     failed capture keeps drawing as it did."""
     from composable_ebm.analytic import NoisedGaussianEnergy
-    from composable_ebm.sampling import NoiseLadder, SamplerConfig, sample
+    from composable_ebm.sampling import LadderConfig, SamplerConfig, sample
     from composable_ebm.sampling.graphs import MIN_STEPS, _cache
 
     class ReadsBack(NoisedGaussianEnergy):
@@ -179,8 +179,8 @@ def test_a_chain_whose_capture_fails_runs_eagerly_with_the_eager_draws(cuda_grap
             return super().energy(x, labels, sigma)
 
     energy = ReadsBack(torch.tensor([1.0, 0.0]), torch.tensor([[1.0, 0.3], [0.3, 0.5]])).to("cuda")
-    ladder = SamplerConfig(method="mala", noise="exact", steps=MIN_STEPS, step_size=0.5,
-                           ladder=NoiseLadder(levels=3, sigma_min=0.1, sigma_max=1.0, first_steps=MIN_STEPS))
+    ladder = LadderConfig(method="mala", steps=MIN_STEPS, step_size=0.5, levels=3, sigma_min=0.1, sigma_max=1.0,
+                          first_steps=MIN_STEPS)
     langevin = SamplerConfig(method="langevin", steps=2 * MIN_STEPS, step_size=0.01, noise=0.1)
     with pytest.warns(RuntimeWarning, match="CUDA graph capture failed for ReadsBack") as caught:
         for config in (langevin, ladder):

@@ -4,6 +4,7 @@ commands as contrastive-divergence models."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -21,7 +22,7 @@ from composable_ebm.configs import config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.unet import DenoisingUNetConfig, DenoisingUNetEnergy
 from composable_ebm.pipeline import plan
-from composable_ebm.sampling import NoiseLadder, SamplerConfig, sample
+from composable_ebm.sampling import LadderConfig, SamplerConfig, SamplingDefaults, sample
 from composable_ebm.training import Trainer, TrainerConfig
 from composable_ebm.training.denoising import DenoisingObjective, edm_weights
 from tests.test_energy import randomize
@@ -53,10 +54,10 @@ def tiny_unet(**overrides) -> DenoisingUNetEnergy:
 def test_a_sum_of_two_noised_gaussians_samples_their_closed_form_product_at_every_level(method, sigma):
     """One level of the ladder run long: the samples' moments are the product's at that level (4,000 chains)."""
     mean, cov = product(sigma)
-    ladder = NoiseLadder(levels=1, sigma_min=sigma, sigma_max=sigma, denoise=False)
     step = (0.01 if method == "langevin" else 0.05) / sigma**2  # the ladder multiplies the step size by sigma^2
-    result = sample(A + B, 4000, SamplerConfig(method=method, noise="exact", steps=300, step_size=step, ladder=ladder),
-                    seed=0)
+    ladder = LadderConfig(levels=1, sigma_min=sigma, sigma_max=sigma, denoise=False, method=method, steps=300,
+                          step_size=step)
+    result = sample(A + B, 4000, ladder, seed=0)
     x = result.samples
     tol = 0.05 + 0.05 * float(cov.diagonal().max())
     assert (x.mean(0) - mean).abs().max() < tol
@@ -68,9 +69,8 @@ def test_a_sum_of_two_noised_gaussians_samples_their_closed_form_product_at_ever
 @pytest.mark.parametrize("method", ["mala", "hmc"])
 def test_the_whole_ladder_ends_at_the_product_at_its_last_level(method):
     mean, cov = product(0.05)
-    ladder = NoiseLadder(levels=12, sigma_min=0.05, sigma_max=3.0, denoise=False)
-    result = sample(A + B, 4000, SamplerConfig(method=method, noise="exact", steps=25, step_size=1.0, ladder=ladder),
-                    seed=1)
+    ladder = LadderConfig(levels=12, sigma_min=0.05, sigma_max=3.0, denoise=False, method=method, steps=25, step_size=1.0)
+    result = sample(A + B, 4000, ladder, seed=1)
     assert (result.samples.mean(0) - mean).abs().max() < 0.08
     assert (torch.cov(result.samples.T) - cov).abs().max() < 0.08
     assert result.diagnostics.acceptance.shape == (12 * 25,)
@@ -81,23 +81,21 @@ def test_first_steps_take_the_chains_from_the_start_noise_to_the_first_levels_di
     samples are that start; ``first_steps`` transitions there bring them to the product at that level, and they are
     counted, summarised and carried through the config's JSON."""
     mean, cov = product(1.0)
-    ladder = NoiseLadder(levels=1, sigma_min=1.0, sigma_max=1.0, denoise=False)
-    still = sample(A + B, 4000, SamplerConfig(method="mala", noise="exact", steps=0, step_size=0.5, ladder=ladder),
-                   seed=3)
+    ladder = LadderConfig(levels=1, sigma_min=1.0, sigma_max=1.0, denoise=False, method="mala", steps=0, step_size=0.5)
+    still = sample(A + B, 4000, ladder, seed=3)
     assert (still.samples.mean(0) - mean).abs().max() > 0.3  # the start: mean 0, far from the product's
-    cfg = SamplerConfig(method="mala", noise="exact", steps=0, step_size=0.5,
-                        ladder=NoiseLadder(levels=1, sigma_min=1.0, sigma_max=1.0, denoise=False, first_steps=200))
+    cfg = dataclasses.replace(ladder, first_steps=200)
     moved = sample(A + B, 4000, cfg, seed=3)
     assert (moved.samples.mean(0) - mean).abs().max() < 0.08
     assert (torch.cov(moved.samples.T) - cov).abs().max() < 0.08
     assert moved.diagnostics.acceptance.shape == (200,) and cfg.total_steps == 200
     assert "200 steps at the first level" in cfg.summary()
-    assert config_from_dict(SamplerConfig, json.loads(json.dumps(config_to_dict(cfg)))) == cfg
+    assert config_from_dict(LadderConfig, json.loads(json.dumps(config_to_dict(cfg)))) == cfg
     with pytest.raises(InvalidInputError, match="first_steps must be an integer"):
-        NoiseLadder(first_steps=-1)
-    with pytest.raises(InvalidInputError, match=r"ladder first_steps \+ levels x steps \+ final_steps = 2000000 \+ 30 x 2"
-                                                r" \+ 0 = 2,000,060 Langevin steps; at most 1,048,576"):
-        SamplerConfig(noise="exact", steps=2, ladder=NoiseLadder(first_steps=2_000_000))
+        LadderConfig(first_steps=-1)
+    with pytest.raises(InvalidInputError, match=r"first_steps \+ levels x steps \+ final_steps = 2000000 \+ 30 x 2"
+                                                r" \+ 0 = 2,000,060 transitions; at most 1,048,576"):
+        LadderConfig(steps=2, first_steps=2_000_000)
 
 
 def test_metropolis_corrections_remove_the_bias_that_a_large_langevin_step_leaves():
@@ -175,11 +173,8 @@ def test_a_composites_ladder_keeps_to_the_levels_every_model_was_trained_on():
     """Models trained on different noise levels: a composite's ladder starts at the lowest of their highest levels,
     whichever term comes first; a ladder given by hand above a model's levels samples with a warning naming it; levels
     that do not overlap are one line."""
-    from composable_ebm.sampling import SamplingDefaults
-
     def with_ladder(model, top):
-        model.sampling_defaults = SamplingDefaults(SamplerConfig(noise="exact", steps=1, step_size=0.2,
-                                                                 ladder=NoiseLadder(levels=4, sigma_max=top)))
+        model.sampling_defaults = SamplingDefaults(LadderConfig(steps=1, step_size=0.2, levels=4, sigma_max=top))
         return model
 
     wide = with_ladder(tiny_unet(name="wide", sigma_max=12.0), 12.0)
@@ -187,30 +182,48 @@ def test_a_composites_ladder_keeps_to_the_levels_every_model_was_trained_on():
     red, green = wide.condition(color="red"), narrow.condition(color="green")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert plan(red).config.ladder.sigma_max == 12.0  # alone: its own ladder
+        assert plan(red).config.sigma_max == 12.0  # alone: its own ladder
         for expr in (red + green, green + red, red | green):
-            ladder = plan(expr).config.ladder
+            ladder = plan(expr).config
             assert (ladder.sigma_min, ladder.sigma_max) == (0.01, 1.0), expr.expression()
     with pytest.warns(UserWarning, match=r"ladder \[0.01, 12\] reaches levels narrow was not trained on \(\[0.01, 1\]\)"):
-        result = cebm.sample(green + red, 2, seed=0, ladder=NoiseLadder(levels=2, sigma_max=12.0))
-    assert result.config.ladder.sigma_max == 12.0 and torch.isfinite(result.samples).all()
+        result = cebm.sample(green + red, 2, seed=0, levels=2, sigma_max=12.0)
+    assert result.config.sigma_max == 12.0 and torch.isfinite(result.samples).all()
     far = with_ladder(tiny_unet(name="far", sigma_min=2.0, sigma_max=12.0), 12.0)
     with pytest.raises(InvalidInputError, match=r"do not overlap \(narrow \[0.01, 1\], far \[2, 12\]\); valid choices"):
-        plan(green + far.condition(color="red"), ladder=NoiseLadder(levels=2, sigma_max=1.0))
+        plan(green + far.condition(color="red"), levels=2, sigma_max=1.0)
 
 
-def test_a_ladder_asks_for_exact_noise_one_round_and_no_augmentation():
-    ladder = NoiseLadder(levels=3)
-    for bad in (dict(noise=0.01), dict(noise="exact", rounds=2)):
-        with pytest.raises(InvalidInputError, match="noise ladder runs one pass"):
-            SamplerConfig(ladder=ladder, **bad)
+def test_a_ladder_and_a_chain_are_two_configs_that_name_none_of_each_others_fields():
+    """A noise-conditioned model's table names ladder fields only, another model's chain fields only (one line naming
+    the family); a config.json saved with the old nested form reads as today's; a ladder is checked and only
+    anneals a noise-conditioned energy."""
+    for bad in ({"noise": 0.01}, {"rounds": 2}, {"augment": {"crop_scale": [0.5, 1.0]}}):
+        with pytest.raises(InvalidInputError, match=r"belong to the other family: a noise-conditioned model samples down"
+                                                    r" a noise ladder \(LadderConfig\); valid settings: .*'levels'"):
+            SamplingDefaults.from_flat({"levels": 3, **bad}, ladder=True)
+    with pytest.raises(InvalidInputError, match=r"\['levels', 'sigma_max'\] belong to the other family: a model without"):
+        SamplingDefaults.from_flat({"steps": 3, "levels": 3, "sigma_max": 2.0}, ladder=False)
+    with pytest.raises(InvalidInputError, match=r"unknown sampler setting\(s\) \['rounds'\]; valid settings \(a noise ladder's"):
+        sample(tiny_unet(), 2, LadderConfig(levels=2), rounds=2)
+    old = {"step_size": 0.3, "noise": None, "steps": 2, "rounds": 1, "final_steps": 0, "method": "mala",
+           "ladder": {"levels": 4, "sigma_max": 2.0, "first_steps": 6}, "augment": None, "clamp": False,
+           "init_scale": 1, "guidance_scale": 2.0, "alone": {"steps": 3, "ladder": {"first_steps": 9}}}
+    upgraded = SamplingDefaults.from_flat(old, ladder=True, saved=True)
+    assert upgraded.sampler == LadderConfig(levels=4, sigma_max=2.0, first_steps=6, step_size=0.3, steps=2)
+    assert upgraded.alone == {"steps": 3, "first_steps": 9} and upgraded.guidance_scale == 2.0
+    with pytest.raises(InvalidInputError, match="belong to the other family"):
+        SamplingDefaults.from_flat({**old, "rounds": 2}, ladder=True, saved=True)  # not a neutral value: not dropped
+    assert SamplingDefaults.from_flat({"noise": None}, ladder=False, saved=True).sampler.noise == "exact"
+    with pytest.raises(InvalidInputError, match=r"noise must be a number or \"exact\""):
+        SamplerConfig(noise=None)
     with pytest.raises(InvalidInputError, match="spacing"):
-        NoiseLadder(spacing="linear")
+        LadderConfig(spacing="linear")
     with pytest.raises(InvalidInputError, match="sigma_max"):
-        NoiseLadder(sigma_min=1.0, sigma_max=0.5)
-    assert NoiseLadder(levels=5, sigma_min=0.01, sigma_max=1.0, spacing="karras").sigmas()[0] == pytest.approx(1.0)
+        LadderConfig(sigma_min=1.0, sigma_max=0.5)
+    assert LadderConfig(levels=5, sigma_min=0.01, sigma_max=1.0, spacing="karras").sigmas()[0] == pytest.approx(1.0)
     with pytest.raises(InvalidInputError, match="nothing to anneal"):
-        sample(GaussianEnergy(torch.zeros(2), torch.eye(2)), 4, SamplerConfig(noise="exact", ladder=ladder), seed=0)
+        sample(GaussianEnergy(torch.zeros(2), torch.eye(2)), 4, LadderConfig(levels=3), seed=0)
 
 
 @pytest.mark.learning
@@ -256,9 +269,9 @@ def test_the_family_trains_saves_loads_composes_and_samples_through_the_same_com
     folder = tmp_path / "run" / "model"
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "denoising_unet_energy"  # the model config names its family
-    assert config["sampler"]["ladder"]["levels"] == 3
+    assert config["sampler"]["levels"] == 3 and "noise" not in config["sampler"]
     model = cebm.load(str(folder))
-    assert model.noise_conditioned and model.sampling_defaults.sampler.ladder.levels == 3
+    assert model.noise_conditioned and model.sampling_defaults.sampler.levels == 3
     grid = tmp_path / "grid.png"
     result = runner.invoke(app, ["compose", f"{folder}[color=red] + {folder}[color=blue]", "-n", "4", "-o", str(grid),
                                  "--no-progress"])
@@ -312,15 +325,20 @@ def test_a_models_guidance_interval_is_saved_with_it_and_reaches_its_guided_term
     from composable_ebm.pipeline import composed
     from composable_ebm.sampling import SamplingDefaults
 
-    defaults = SamplingDefaults(SamplerConfig(steps=2), guidance_scale=3.0, guidance_interval=[0.0, 0.3],
+    defaults = SamplingDefaults(LadderConfig(steps=2), guidance_scale=3.0, guidance_interval=[0.0, 0.3],
                                 guided_alone=True)
     assert defaults.guidance_interval == (0.0, 0.3)
     flat = json.loads(json.dumps(defaults.to_flat()))
-    assert flat["guidance_interval"] == [0.0, 0.3] and SamplingDefaults.from_flat(flat) == defaults
-    assert "guidance_interval" not in SamplingDefaults(SamplerConfig(steps=2)).to_flat()
+    assert flat["guidance_interval"] == [0.0, 0.3] and SamplingDefaults.from_flat(flat, ladder=True) == defaults
+    assert "guidance_interval" not in SamplingDefaults(LadderConfig(steps=2)).to_flat()
     with pytest.raises(InvalidInputError, match=r"guidance interval must be two noise levels \[lo, hi\]"):
-        SamplingDefaults.from_flat({**flat, "guidance_interval": [0.5, 0.2]})
+        SamplingDefaults.from_flat({**flat, "guidance_interval": [0.5, 0.2]}, ladder=True)
     model = tiny_unet()
+    model.sampling_defaults = SamplingDefaults(SamplerConfig(steps=2))
+    with pytest.raises(InvalidInputError, match=r"tiny-unet's sampling_defaults hold a SamplerConfig, which its family"
+                                                r" does not sample with; valid choices: a LadderConfig"):
+        cebm.save(model, tmp_path / "m")
+    assert not (tmp_path / "m").exists()
     model.sampling_defaults = defaults
     node = composed(model.condition(color="red"))
     assert isinstance(node, cebm.Guided) and node.scales == (3.0,) and node.intervals == ((0.0, 0.3),)

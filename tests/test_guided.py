@@ -129,10 +129,10 @@ def test_guided_alone_samples_one_conditioned_model_with_classifier_free_guidanc
     assert composed(red, "plain") is red
     torch.testing.assert_close(red.sample(2, seed=1), guided(red, lambda t: 3.0).sample(2, seed=1))
     flat = color.sampling_defaults.to_flat()
-    assert flat["guided_alone"] is True and SamplingDefaults.from_flat(flat) == color.sampling_defaults
+    assert flat["guided_alone"] is True and SamplingDefaults.from_flat(flat, ladder=False) == color.sampling_defaults
     assert "guided_alone" not in SamplingDefaults().to_flat()  # configs written before the setting stay as they were
     with pytest.raises(InvalidInputError, match="guided_alone must be true or false, got 'yes'"):
-        SamplingDefaults.from_flat({**flat, "guided_alone": "yes"})
+        SamplingDefaults.from_flat({**flat, "guided_alone": "yes"}, ladder=False)
 
 
 def test_a_model_without_a_null_condition_refuses_to_be_sampled_unbound_or_guided():
@@ -175,33 +175,32 @@ def test_the_guided_energy_does_not_depend_on_the_order_of_its_terms(color, shap
 
 
 def test_a_model_sampled_on_its_own_runs_its_alone_settings_and_a_composite_its_shared_ones(color, shape):
-    """``SamplingDefaults.alone`` replaces sampler fields (a table field such as the ladder field by field) for the
-    model on its own, conditioned or not, plain or guided; a composite that holds it runs the shared settings."""
+    """``SamplingDefaults.alone`` replaces sampler fields for the model on its own, conditioned or not, plain or
+    guided; a composite that holds it runs the shared settings."""
     from composable_ebm.pipeline import plan
-    from composable_ebm.sampling import NoiseLadder
+    from composable_ebm.sampling import LadderConfig
 
-    ladder = NoiseLadder(levels=4, sigma_min=0.1, sigma_max=1.0, first_steps=5)
-    color.sampling_defaults = SamplingDefaults(SamplerConfig(steps=3, step_size=0.5, noise=None, ladder=ladder),
-                                               guided_alone=True, alone={"steps": 7, "ladder": {"first_steps": 20}})
+    ladder = LadderConfig(levels=4, sigma_min=0.1, sigma_max=1.0, first_steps=5, steps=3, step_size=0.5)
+    color.sampling_defaults = SamplingDefaults(ladder, guided_alone=True, alone={"steps": 7, "first_steps": 20})
     shape.sampling_defaults = SamplingDefaults(SamplerConfig(steps=2))
     red, circle = color.condition(color="red"), shape.condition(shape="circle")
     for alone in (color, red, 2 * red, guided(red)):
         for form in ("auto", "plain"):
             config = plan(alone, form).config
-            assert (config.steps, config.step_size, config.ladder.first_steps, config.ladder.levels) == (7, 0.5, 20, 4)
+            assert (config.steps, config.step_size, config.first_steps, config.levels) == (7, 0.5, 20, 4)
     for composite in (red + circle, guided(red + circle), red + color.condition(color="blue")):
         config = plan(composite).config
-        assert (config.steps, config.ladder.first_steps) == (3, 5)  # the first term's shared settings
-    assert plan(circle + red).config.steps == 2 and plan(circle + red).config.ladder is None
+        assert (config.steps, config.first_steps) == (3, 5)  # the first term's shared settings
+    assert plan(circle + red).config.steps == 2 and isinstance(plan(circle + red).config, SamplerConfig)
     assert plan(red, steps=9).config.steps == 9  # a caller's override still wins
     flat = color.sampling_defaults.to_flat()
-    assert flat["alone"] == {"steps": 7, "ladder": {"first_steps": 20}}
-    assert SamplingDefaults.from_flat(flat) == color.sampling_defaults
-    assert hash(SamplingDefaults.from_flat(flat)) == hash(color.sampling_defaults)  # still a hashable record
+    assert flat["alone"] == {"steps": 7, "first_steps": 20}
+    assert SamplingDefaults.from_flat(flat, ladder=True) == color.sampling_defaults
+    assert hash(SamplingDefaults.from_flat(flat, ladder=True)) == hash(color.sampling_defaults)  # a hashable record
     assert "alone" not in SamplingDefaults().to_flat()  # configs written before the setting stay as they were
     with pytest.raises(InvalidInputError, match=r"unknown sampler setting\(s\) \['stepz'\] in alone; valid settings"):
-        SamplingDefaults.from_flat({**flat, "alone": {"stepz": 7}})
+        SamplingDefaults.from_flat({**flat, "alone": {"stepz": 7}}, ladder=True)
     with pytest.raises(InvalidInputError, match="alone must be a table of sampler settings, got 7"):
-        SamplingDefaults.from_flat({**flat, "alone": 7})
+        SamplingDefaults.from_flat({**flat, "alone": 7}, ladder=True)
     with pytest.raises(InvalidInputError, match="steps"):
-        SamplingDefaults.from_flat({**flat, "alone": {"steps": "many"}})
+        SamplingDefaults.from_flat({**flat, "alone": {"steps": "many"}}, ladder=True)

@@ -26,7 +26,7 @@ def moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_langevin_with_small_step_reproduces_gaussian_moments():
     energy = GaussianEnergy(MEAN, COV)
-    result = sample(energy, 4000, SamplerConfig(step_size=0.02, noise=None, steps=1500), seed=0)
+    result = sample(energy, 4000, SamplerConfig(step_size=0.02, noise="exact", steps=1500), seed=0)
     mean, cov = moments(result.samples)
     torch.testing.assert_close(mean, MEAN, atol=0.1, rtol=0)
     torch.testing.assert_close(cov, COV, atol=0.12, rtol=0)
@@ -34,7 +34,7 @@ def test_langevin_with_small_step_reproduces_gaussian_moments():
 
 def test_mala_reproduces_gaussian_moments_with_a_large_step():
     energy = GaussianEnergy(MEAN, COV)
-    result = sample(energy, 4000, SamplerConfig(step_size=0.6, noise=None, steps=300, method="mala"), seed=1)
+    result = sample(energy, 4000, SamplerConfig(step_size=0.6, noise="exact", steps=300, method="mala"), seed=1)
     mean, cov = moments(result.samples)
     torch.testing.assert_close(mean, MEAN, atol=0.08, rtol=0)
     torch.testing.assert_close(cov, COV, atol=0.12, rtol=0)
@@ -44,7 +44,7 @@ def test_mala_reproduces_gaussian_moments_with_a_large_step():
 def test_unadjusted_langevin_with_a_large_step_is_biased_but_mala_is_not():
     """The property that makes MALA worth having: at step 0.6 plain Langevin inflates the variance."""
     energy = GaussianEnergy(MEAN, COV)
-    ula = sample(energy, 4000, SamplerConfig(step_size=0.6, noise=None, steps=300), seed=2)
+    ula = sample(energy, 4000, SamplerConfig(step_size=0.6, noise="exact", steps=300), seed=2)
     # ULA on a Gaussian inflates the variance along precision eigenvalue lam by 1 / (1 - step * lam / 2)
     assert torch.linalg.eigvalsh(torch.cov(ula.samples.T))[0] > 1.3 * torch.linalg.eigvalsh(COV)[0]
 
@@ -59,7 +59,7 @@ def test_sum_of_two_gaussian_energies_samples_the_product_gaussian(method):
     mean = cov @ (p1 @ m1 + p2 @ m2)
     energy = GaussianEnergy(m1, c1) + GaussianEnergy(m2, c2)
     step = 0.02 if method == "langevin" else 0.3
-    result = sample(energy, 4000, SamplerConfig(step_size=step, noise=None, steps=800, method=method), seed=3)
+    result = sample(energy, 4000, SamplerConfig(step_size=step, noise="exact", steps=800, method=method), seed=3)
     got_mean, got_cov = moments(result.samples)
     torch.testing.assert_close(got_mean, mean, atol=0.05, rtol=0)
     torch.testing.assert_close(got_cov, cov, atol=0.05, rtol=0)
@@ -68,7 +68,7 @@ def test_sum_of_two_gaussian_energies_samples_the_product_gaussian(method):
 def test_mala_acceptance_falls_as_the_step_grows():
     energy = GaussianEnergy(MEAN, COV)
     rates = [
-        sample(energy, 1000, SamplerConfig(step_size=s, noise=None, steps=100, method="mala"), seed=0).acceptance_rate
+        sample(energy, 1000, SamplerConfig(step_size=s, noise="exact", steps=100, method="mala"), seed=0).acceptance_rate
         for s in (0.05, 0.5, 2.0, 5.0)
     ]
     assert all(a > b for a, b in itertools.pairwise(rates)), rates

@@ -4,6 +4,7 @@ annealed runner of noise-conditioned energies (a noise ladder), and a trained mo
 from composable_ebm.sampling.augment import AugmentConfig, augment
 from composable_ebm.sampling.runner import (
     ChainEnd,
+    ChainSettings,
     SampleResult,
     SamplerDiagnostics,
     initial_noise,
@@ -16,7 +17,6 @@ from composable_ebm.sampling.defaults import SamplingDefaults
 from composable_ebm.sampling.transitions import (
     SAMPLERS,
     ChainState,
-    NoiseLadder,
     SamplerConfig,
     StepInfo,
     chain_grad_norm,
@@ -29,16 +29,17 @@ from composable_ebm.sampling.transitions import (
     langevin_update,
     mala_step,
 )
-from composable_ebm.sampling.annealed import AtLevel, run_ladder
+from composable_ebm.sampling.annealed import AtLevel, LadderConfig, run_ladder
 
 __all__ = [
     "SAMPLERS",
     "AtLevel",
     "AugmentConfig",
     "ChainEnd",
+    "ChainSettings",
     "ChainState",
     "SampleResult",
-    "NoiseLadder",
+    "LadderConfig",
     "SamplerConfig",
     "SamplerDiagnostics",
     "SamplingDefaults",

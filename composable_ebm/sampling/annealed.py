@@ -1,4 +1,5 @@
-"""Annealed sampling of noise-conditioned energies: any registered transition, level by level down a noise ladder.
+"""Annealed sampling of noise-conditioned energies: any registered transition, level by level down a noise ladder
+(`LadderConfig`, the settings a noise-conditioned model samples with, as `SamplerConfig` is a plain energy's).
 
 Between levels the chain takes the reverse-diffusion step: from level ``s`` to ``s'`` it moves to a draw of the
 noised image at ``s'`` given the one at ``s`` and the denoised estimate ``x - s^2 dE/dx`` (the Gaussian posterior
@@ -7,24 +8,130 @@ the chain runs the transition (`langevin`, `mala`, `hmc`, ...) on ``E(., sigma)`
 ``step_size * sigma^2`` and exact Langevin noise, so MALA and HMC correct every level with a per-chain
 Metropolis-Hastings step on the sum's own energy (Du et al. 2023, "Reduce, Reuse, Recycle": an energy, unlike a
 summed score, makes that correction possible). The positions are not clamped on the way down (noised data leaves
-the pixel range); the last one is denoised (`NoiseLadder.denoise`) and clamped to the value range.
+the pixel range); the last one is denoised (`LadderConfig.denoise`) and clamped to the value range.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
+from composable_ebm.configs import MAX_TOTAL_STEPS, check_range, check_size
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling.graphs import transitions
-from composable_ebm.sampling.transitions import SAMPLERS, ChainState, SamplerConfig, StepInfo, evaluate
+from composable_ebm.sampling.transitions import (
+    SAMPLERS,
+    ChainState,
+    Precision,
+    SamplerConfig,
+    StepInfo,
+    check_bool,
+    check_method,
+    check_precision,
+    evaluate,
+)
 
 if TYPE_CHECKING:  # pragma: no cover; the sampler runs any energy it is handed and imports none
     from composable_ebm.energy import Energy, Labels
+
+
+@dataclass(frozen=True)
+class LadderConfig:
+    """How a noise-conditioned energy (`composable_ebm.energy.NoiseConditioned`) is sampled: down a ladder of noise
+    levels.
+
+    Chains start from the value range's centre plus Gaussian noise of std ``sigma_max`` and run ``steps``
+    transitions of ``method`` at each level, with step size ``step_size * sigma^2`` (Song & Ermon 2019's annealed
+    Langevin dynamics: ``alpha_i`` proportional to ``sigma_i^2``) and exact Langevin noise, moving from one level to
+    the next by the reverse-diffusion step (``predictor``); then, with ``denoise``, one step to the noise's
+    posterior mean at the last level (Tweedie's formula, ``x - sigma^2 dE/dx``), and the result is clamped to the
+    value range.
+    """
+
+    levels: int = 30
+    """how many levels, ``sigma_max`` first and ``sigma_min`` last"""
+    sigma_min: float = 0.01
+    """the last level (the data's scale: [0, 1] pixels)"""
+    sigma_max: float = 1.0
+    """the first level"""
+    spacing: Literal["geometric", "karras"] = "geometric"
+    """geometric: equal ratios; karras: Karras et al. 2022's ``rho = 7`` spacing, more levels at low noise"""
+    method: str = "mala"
+    """the transition run at each level (a registered sampler: `langevin`, `mala`, `hmc`)"""
+    steps: int = 2
+    """transitions at each level"""
+    step_size: float = 0.2
+    """a level's step size over ``sigma^2``"""
+    predictor: bool = True
+    """move between levels by the reverse-diffusion step (the posterior of the next level's noised image given the
+    current one and the denoised estimate, ``x - sigma^2 dE/dx``), so the transitions at each level correct a chain
+    that is already close to it (the predictor-corrector scheme of Song et al. 2021, as Du et al. 2023 sample); off,
+    the chain reaches each level by the transitions alone"""
+    denoise: bool = True
+    """finish with the posterior-mean step at ``sigma_min``"""
+    first_steps: int = 0
+    """transitions at the first level before its own ``steps``: the chains start from the value range's centre plus
+    noise of std ``sigma_max``, which is the noised data's distribution at that level only when ``sigma_max`` dwarfs
+    the data's spread; these steps let the chains reach it before the descent"""
+    final_steps: int = 0
+    """transitions at the last level after its own ``steps``"""
+    leapfrog: int = 3
+    """hmc: leapfrog steps per proposal"""
+    precision: Precision = "float32"
+    """bfloat16: energy and gradient under autocast, update in float32"""
+
+    def __post_init__(self) -> None:
+        owner = "LadderConfig"
+        check_size(owner, "levels", self.levels, high=1 << 16)
+        for name in ("steps", "first_steps", "final_steps"):
+            check_size(owner, name, getattr(self, name), low=0, high=1 << 24)
+        check_size(owner, "leapfrog", self.leapfrog, high=1 << 10)
+        check_range(owner, "sigma_min", self.sigma_min, 0.0, low_open=True)
+        check_range(owner, "sigma_max", self.sigma_max, self.sigma_min, 1e4)
+        check_range(owner, "step_size", self.step_size, 0.0, low_open=True)
+        if self.spacing not in ("geometric", "karras"):
+            raise InvalidInputError(f"unknown LadderConfig.spacing {self.spacing!r}; valid choices: ['geometric', 'karras']")
+        for name in ("predictor", "denoise"):
+            check_bool(owner, name, getattr(self, name))
+        check_method(self.method)
+        check_precision(owner, self.precision)
+        if self.total_steps > MAX_TOTAL_STEPS:
+            raise InvalidInputError(f"LadderConfig: first_steps + levels x steps + final_steps = {self.first_steps} +"
+                                    f" {self.levels} x {self.steps} + {self.final_steps} = {self.total_steps:,}"
+                                    f" transitions; at most {MAX_TOTAL_STEPS:,}")
+
+    def sigmas(self) -> list[float]:
+        """The levels, highest first."""
+        n, lo, hi = self.levels, self.sigma_min, self.sigma_max
+        if n == 1:
+            return [lo]
+        if self.spacing == "geometric":
+            return [hi * (lo / hi) ** (i / (n - 1)) for i in range(n)]
+        rho = 7.0
+        return [(hi ** (1 / rho) + i / (n - 1) * (lo ** (1 / rho) - hi ** (1 / rho))) ** rho for i in range(n)]
+
+    def at_level(self, sigma: float) -> SamplerConfig:
+        """The chain settings of the transitions at level ``sigma``: step ``step_size * sigma^2``, exact noise, no
+        clamp (noised positions leave the value range)."""
+        return SamplerConfig(step_size=self.step_size * sigma * sigma, noise="exact", steps=self.steps,
+                             method=self.method, leapfrog=self.leapfrog, clamp=False, precision=self.precision)
+
+    def summary(self) -> str:
+        """The schedule in one line (``cebm info``, the studio)."""
+        first = f"{self.first_steps} steps at the first level, then " if self.first_steps else ""
+        extra = f" + {self.final_steps}" if self.final_steps else ""
+        return (f"{self.method}, {first}{self.steps} steps{extra} at each of {self.levels} noise levels"
+                f" ({self.sigma_max:g} to {self.sigma_min:g}, {self.spacing}), step size {self.step_size:g} x sigma^2,"
+                " exact noise" + (", denoised" if self.denoise else ""))
+
+    @property
+    def total_steps(self) -> int:
+        """Transitions per chain: ``first_steps + levels * steps + final_steps``."""
+        return self.first_steps + self.levels * self.steps + self.final_steps
 
 
 class AtLevel:
@@ -50,50 +157,45 @@ class AtLevel:
         return self.base, self.sigma
 
 
-def ladder_start(energy: Energy, n: int, config: SamplerConfig, generator: torch.Generator,
+def ladder_start(energy: Energy, n: int, config: LadderConfig, generator: torch.Generator,
                  device: torch.device) -> Tensor:
     """Chain starts for a ladder: the value range's centre (0 when unbounded) plus noise of std ``sigma_max``."""
-    if config.ladder is None:
-        raise ValueError("ladder_start needs a SamplerConfig with a ladder")
     centre = 0.0 if energy.value_range is None else sum(energy.value_range) / 2
-    return centre + config.ladder.sigma_max * torch.randn((n, *energy.input_shape), generator=generator, device=device)
+    return centre + config.sigma_max * torch.randn((n, *energy.input_shape), generator=generator, device=device)
 
 
 def run_ladder(
     energy: Energy,
     x: Tensor,
-    config: SamplerConfig,
+    config: LadderConfig,
     generator: torch.Generator,
     labels: Labels | None = None,
     *,
     on_step: Callable[[int, ChainState, StepInfo], None] | None = None,
 ) -> Tensor:
-    """Walk ``x`` down ``config.ladder``: ``steps`` transitions per level (the ladder's ``first_steps`` more at the
-    first, ``final_steps`` more at the last), then the denoising step and the clamp. Returns the samples."""
-    ladder = config.ladder
-    if ladder is None:
-        raise ValueError("run_ladder needs a SamplerConfig with a ladder")
+    """Walk ``x`` down ``config``'s levels: ``steps`` transitions per level (``first_steps`` more at the first,
+    ``final_steps`` more at the last), then the denoising step and the clamp. Returns the samples."""
     if not energy.noise_conditioned:
         raise InvalidInputError(f"{energy.expression()} does not depend on a noise level, so a noise ladder has nothing"
                                 " to anneal; valid choices: sample it without a ladder, or compose noise-conditioned"
                                 " models")
     step_fn = SAMPLERS.get(config.method)
-    sigmas = ladder.sigmas()
+    sigmas = config.sigmas()
     done = 0
     for i, sigma in enumerate(sigmas):
-        if i and ladder.predictor:  # the reverse-diffusion step from the previous level to this one
+        if i and config.predictor:  # the reverse-diffusion step from the previous level to this one
             previous = sigmas[i - 1]
             _, grad = energy.energy_and_grad(x, labels, sigma=previous)
             noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
             spread = (previous**2 - sigma**2) ** 0.5
             x = x - spread**2 * grad + sigma / previous * spread * noise
         level = AtLevel(energy, sigma)
-        at = dataclasses.replace(config, step_size=config.step_size * sigma * sigma, ladder=None, clamp=False)
+        at = config.at_level(sigma)
         state = evaluate(level, x, labels, config.precision)  # type: ignore[arg-type]
-        extra = (ladder.first_steps if i == 0 else 0) + (config.final_steps if i == len(sigmas) - 1 else 0)
+        extra = (config.first_steps if i == 0 else 0) + (config.final_steps if i == len(sigmas) - 1 else 0)
         state, done = transitions(step_fn, level, state, at, generator, labels, config.steps + extra, on_step, done)
         x = state.x
-    if ladder.denoise:
+    if config.denoise:
         _, grad = energy.energy_and_grad(x, labels, sigma=sigmas[-1])
         x = x - sigmas[-1] ** 2 * grad
     return x.clamp(*energy.value_range) if energy.value_range is not None else x

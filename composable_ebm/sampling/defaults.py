@@ -1,14 +1,16 @@
 """A trained model's own sampling defaults: the typed record a model folder's ``config.json`` keeps.
 
-`SamplingDefaults` holds the chain settings a model was trained for (`SamplerConfig`) and what only a model
-knows about its place in a composite: its guidance scale and which of its attributes its augmentation leaves
-unchanged. The pipeline (`composable_ebm.pipeline`) reads it; no energy carries it.
+`SamplingDefaults` holds the chain settings a model was trained for (a `SamplerConfig` for an energy without noise
+levels, a `LadderConfig` for a noise-conditioned one) and what only a model knows about its place in a composite:
+its guidance scale and which of its attributes its augmentation leaves unchanged. The pipeline
+(`composable_ebm.pipeline`) reads it; no energy carries it.
 
-On disk (``config.json``'s ``"sampler"`` key) and in a recipe's ``[sampling]`` table it is one flat table: the
-`SamplerConfig` fields with ``guidance_scale``, ``guidance_interval``, ``guided_alone``, ``augment_preserves`` and
-``alone`` beside them.
-``alone`` (``[sampling.alone]`` in a recipe) is a table of `SamplerConfig` fields that replace the chain settings
-when the model is sampled on its own.
+On disk (``config.json``'s ``"sampler"`` key) and in a recipe's ``[sampling]`` table it is one flat table: the chain
+settings' fields with ``guidance_scale``, ``guidance_interval``, ``guided_alone``, ``augment_preserves`` and
+``alone`` beside them. Which of the two the fields are is the model's family, never the table's: a ladder's table
+names no chain field, and the other way round.
+``alone`` (``[sampling.alone]`` in a recipe) is a table of the same fields that replace the chain settings when the
+model is sampled on its own.
 """
 
 from __future__ import annotations
@@ -21,18 +23,22 @@ from typing import Any
 
 from composable_ebm.configs import check_interval, check_range, config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.sampling.runner import with_overrides
+from composable_ebm.sampling.annealed import LadderConfig
+from composable_ebm.sampling.runner import ChainSettings, with_overrides
 from composable_ebm.sampling.transitions import SamplerConfig
 
 _OWN = ("guidance_scale", "guidance_interval", "augment_preserves", "guided_alone", "alone")
+# a chain's fields that a ladder's table saved before the two were separate held at these values, which the ladder
+# ignored: dropped when such a config.json is read
+_OLD_NEUTRAL = {"noise": (None, "exact"), "rounds": (1,), "augment": (None,), "init_scale": (1,), "clamp": (True, False)}
 
 
 @dataclass(frozen=True)
 class SamplingDefaults:
     """How a trained model is sampled when the caller does not say."""
 
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    """the chain settings the model was trained for"""
+    sampler: ChainSettings = field(default_factory=SamplerConfig)
+    """the chain settings the model was trained for: a `LadderConfig` for a noise-conditioned model"""
     guidance_scale: float = 1.0
     """in a guided composite the model's term ``E(x | c) - E(x | 0)`` is multiplied by this on top of the weight
     written in the expression (classifier-free guidance's scale); alone, only with `guided_alone`"""
@@ -44,17 +50,17 @@ class SamplingDefaults:
     """the model conditioned on its own is sampled in the guided form too, ``E(x | 0) + s (E(x | c) - E(x | 0))``
     with ``s`` its guidance scale (classifier-free guidance), where ``form="auto"``; False: as written"""
     alone: Mapping[str, Any] | None = None
-    """`SamplerConfig` fields that replace ``sampler``'s when the model is sampled on its own (the model, or one
-    condition of it, in either form; `alone_sampler`), e.g. a longer first noise level; a composite that holds the
-    model runs ``sampler``. A field that is a table (``ladder``) takes the fields given over ``sampler``'s. None:
-    ``sampler`` alone too"""
+    """fields of ``sampler`` that replace its own when the model is sampled on its own (the model, or one condition
+    of it, in either form; `alone_sampler`), e.g. a longer first noise level; a composite that holds the model runs
+    ``sampler``. None: ``sampler`` alone too"""
     guidance_interval: tuple[float, float] | None = None
     """the noise levels ``(lo, hi]`` at which `guidance_scale` applies (a noise-conditioned model); at the others the
     model's term counts at scale 1, its plain conditional (`composable_ebm.energy.Guided`). None: every level"""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.sampler, SamplerConfig):
-            raise InvalidInputError(f"SamplingDefaults.sampler must be a SamplerConfig, got {type(self.sampler).__name__}")
+        if not isinstance(self.sampler, (SamplerConfig, LadderConfig)):
+            raise InvalidInputError("SamplingDefaults.sampler must be a SamplerConfig or a LadderConfig, got"
+                                    f" {type(self.sampler).__name__}")
         check_range("SamplingDefaults", "guidance_scale", self.guidance_scale, 0.0, 100.0, low_open=True)
         object.__setattr__(self, "guidance_interval", check_interval(self.guidance_interval))
         if not isinstance(self.guided_alone, bool):
@@ -75,14 +81,9 @@ class SamplingDefaults:
         return hash((self.sampler, self.guidance_scale, self.guidance_interval, self.augment_preserves,
                      self.guided_alone, alone))
 
-    def alone_sampler(self) -> SamplerConfig:
+    def alone_sampler(self) -> ChainSettings:
         """The chain settings of the model sampled on its own: ``sampler`` with `alone`'s fields."""
-        if not self.alone:
-            return self.sampler
-        base = config_to_dict(self.sampler)
-        merged = {k: {**base[k], **v} if isinstance(v, Mapping) and isinstance(base.get(k), dict) else v
-                  for k, v in self.alone.items()}
-        return with_overrides(self.sampler, merged, where=" in alone")
+        return with_overrides(self.sampler, self.alone, where=" in alone") if self.alone else self.sampler
 
     def to_flat(self) -> dict[str, Any]:
         """The flat table of ``config.json`` and recipes: the sampler's fields, then this record's own."""
@@ -93,12 +94,27 @@ class SamplingDefaults:
                 **({"alone": dict(self.alone)} if self.alone else {})}
 
     @classmethod
-    def from_flat(cls, table: Mapping[str, Any]) -> SamplingDefaults:
-        """Parse the flat table; unknown keys and wrong types are one line naming the valid settings."""
+    def from_flat(cls, table: Mapping[str, Any], *, ladder: bool, saved: bool = False) -> SamplingDefaults:
+        """Parse the flat table of a noise-conditioned model (``ladder``: its fields are a `LadderConfig`'s) or of
+        another (a `SamplerConfig`'s); unknown keys, the other family's and wrong types are one line naming the valid
+        settings. ``saved``: a ``config.json``, which may be in the form written before the two were separate (a
+        nested ``ladder`` table and the chain's neutral values), read as its `LadderConfig`."""
         if not isinstance(table, Mapping):
             raise InvalidInputError(f"sampling defaults must be a table of settings, got {type(table).__name__}")
+        if saved:
+            table = _upgrade(table)
         own = {k: table[k] for k in _OWN if k in table}
-        sampler = config_from_dict(SamplerConfig, {k: v for k, v in table.items() if k not in _OWN})
+        kind = LadderConfig if ladder else SamplerConfig
+        fields = {k: v for k, v in table.items() if k not in _OWN}
+        mine = {f.name for f in dataclasses.fields(kind)}
+        other = sorted((set(fields) - mine) & {f.name for f in dataclasses.fields(SamplerConfig if ladder else LadderConfig)})
+        if other:
+            family = ("a noise-conditioned model samples down a noise ladder (LadderConfig)" if ladder
+                      else "a model without noise levels samples by a chain (SamplerConfig)")
+            valid = sorted(mine | set(_OWN))
+            raise InvalidInputError(f"sampler setting(s) {other} belong to the other family: {family}; valid"
+                                    f" settings: {valid}")
+        sampler = config_from_dict(kind, fields)
         guidance = own.get("guidance_scale", 1.0)
         if isinstance(guidance, bool) or not isinstance(guidance, (int, float)):
             raise InvalidInputError(f"guidance_scale must be a number, got {guidance!r}")
@@ -106,9 +122,29 @@ class SamplingDefaults:
                    own.get("alone"), own.get("guidance_interval"))
 
     def replace(self, **changes: Any) -> SamplingDefaults:
-        """A copy with ``changes`` applied: this record's fields, or any `SamplerConfig` field."""
+        """A copy with ``changes`` applied: this record's fields, or any field of ``sampler``."""
         own = {k: v for k, v in changes.items() if k in ("sampler", *_OWN)}
         rest = {k: v for k, v in changes.items() if k not in own}
         if rest:
             own["sampler"] = dataclasses.replace(own.get("sampler", self.sampler), **rest)
         return dataclasses.replace(self, **own)
+
+
+def _upgrade(table: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved table in today's form: a nested ``ladder`` table (in ``alone`` too) becomes the table's own fields, the
+    chain's neutral values beside it are dropped, and ``noise: null`` is ``"exact"``."""
+    out = dict(table)
+    nested = out.pop("ladder", None)
+    if isinstance(nested, Mapping):
+        for key, neutral in _OLD_NEUTRAL.items():
+            if key in out and any(out[key] is v or out[key] == v for v in neutral):
+                del out[key]
+        out = {**out, **nested}
+        if isinstance(out.get("alone"), Mapping):
+            alone = dict(out["alone"])
+            out["alone"] = {**{k: v for k, v in alone.items() if k != "ladder"}, **dict(alone.get("ladder") or {})}
+    elif nested is not None:
+        out["ladder"] = nested  # not a table: refused by the parser, as any bad value
+    if "noise" in out and out["noise"] is None:
+        out["noise"] = "exact"
+    return out

@@ -1,7 +1,8 @@
 """The chain runner: Algorithm 2 of Du et al. 2021 ("EBM sampling algorithm").
 
 Start from uniform noise (or a given batch), then ``rounds`` times: one augmentation
-transition and ``steps`` Langevin (or MALA) steps; then ``final_steps`` plain steps.
+transition and ``steps`` Langevin (or MALA) steps; then ``final_steps`` plain steps. A noise-conditioned energy's
+settings are a `LadderConfig`, and its chains walk down the noise ladder instead (`run_ladder`).
 The runner takes the energy per call and holds no model.
 """
 
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from composable_ebm.configs import config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError, NonFiniteError
-from composable_ebm.sampling.annealed import ladder_start, run_ladder
+from composable_ebm.sampling.annealed import LadderConfig, ladder_start, run_ladder
 from composable_ebm.sampling.augment import augment
 from composable_ebm.sampling.graphs import transitions
 from composable_ebm.sampling.transitions import (
@@ -58,7 +59,7 @@ class SampleResult:
     samples: Tensor  # (n, *input_shape), final states
     chain: Tensor | None  # (T, n, *input_shape): every keep_every-th state (first and last included), if asked
     diagnostics: SamplerDiagnostics
-    config: SamplerConfig  # the settings actually used
+    config: SamplerConfig | LadderConfig  # the settings actually used
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -68,6 +69,9 @@ class SampleResult:
 
 
 StepCallback = Callable[[dict[str, Any]], None]
+ChainSettings = SamplerConfig | LadderConfig
+"""A chain's settings: a `SamplerConfig` (an energy without noise levels) or a `LadderConfig` (a noise-conditioned
+one)."""
 
 
 def make_generator(seed: int | None, generator: torch.Generator | None, device: torch.device) -> torch.Generator:
@@ -89,20 +93,23 @@ def make_generator(seed: int | None, generator: torch.Generator | None, device: 
     return gen
 
 
-def with_overrides(config: SamplerConfig, overrides: Mapping[str, Any], where: str = "") -> SamplerConfig:
+def with_overrides(config: ChainSettings, overrides: Mapping[str, Any], where: str = "") -> ChainSettings:
     """``config`` with overrides of its fields (per call, or a model's settings on its own); an unknown name is one
     line naming the valid ones (and ``where`` they were given, e.g. ``" in alone"``)."""
     if not overrides:
         return config
-    valid = {f.name for f in dataclasses.fields(SamplerConfig)}
+    kind = type(config)
+    valid = {f.name for f in dataclasses.fields(kind)}
     unknown = sorted(set(overrides) - valid)
     if unknown:
-        raise InvalidInputError(f"unknown sampler setting(s) {unknown}{where}; valid settings: {sorted(valid)}")
+        family = "a noise ladder's" if kind is LadderConfig else "a chain's"
+        raise InvalidInputError(f"unknown sampler setting(s) {unknown}{where}; valid settings ({family},"
+                                f" {kind.__name__}): {sorted(valid)}")
     # through the config codec: every value type-checked as a recipe's would be (a table for augment becomes an
     # AugmentConfig, a string for steps is one line), then range-checked by the config itself
     plain = {k: (config_to_dict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v)
              for k, v in overrides.items()}
-    return config_from_dict(SamplerConfig, {**config_to_dict(config), **plain})
+    return config_from_dict(kind, {**config_to_dict(config), **plain})
 
 
 def initial_noise(energy: Energy, n: int, generator: torch.Generator, device: torch.device, init_scale: int = 1) -> Tensor:
@@ -129,7 +136,7 @@ def initial_noise(energy: Energy, n: int, generator: torch.Generator, device: to
 def sample(
     energy: Energy,
     n: int | None = None,
-    config: SamplerConfig | None = None,
+    config: ChainSettings | None = None,
     *,
     x0: Tensor | None = None,
     labels: Labels | None = None,
@@ -150,7 +157,8 @@ def sample(
     Args:
         energy: any ``Energy``, composite or not (it is not modified, nor its modes or flags).
         n: number of chains (with ``x0`` omitted: started from uniform noise).
-        config: sampler settings (default: `SamplerConfig`'s defaults).
+        config: sampler settings: a `SamplerConfig` (default: its defaults), or a `LadderConfig` for a
+            noise-conditioned energy.
         x0: starting batch ``(n, *input_shape)`` instead of noise.
         labels: per-item attribute indices for a conditional energy.
         seed: explicit randomness; the same seed gives the same samples.
@@ -158,10 +166,10 @@ def sample(
         keep_every: keep every k-th state of the chain in ``result.chain`` (0: keep none).
         progress: show a progress bar.
         callback: called after every step with ``{"step", "x", "energy", "grad_norm", "accepted"}``.
-        overrides: any `SamplerConfig` field, e.g. ``steps=100``.
+        overrides: any field of the config, e.g. ``steps=100``.
     """
     cfg = with_overrides(config or SamplerConfig(), overrides)
-    if cfg.augment is not None and len(energy.input_shape) != 3:
+    if isinstance(cfg, SamplerConfig) and cfg.augment is not None and len(energy.input_shape) != 3:
         raise ValueError(f"augmentation transitions need image energies (C, H, W); this one takes {energy.input_shape}")
     if x0 is None:
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_SAMPLES:
@@ -175,7 +183,7 @@ def sample(
                                     " or draw in several calls")
         dev = torch.device(device) if device is not None else energy.device
         gen = make_generator(seed, generator, dev)
-        x = (ladder_start(energy, n, cfg, gen, dev) if cfg.ladder is not None
+        x = (ladder_start(energy, n, cfg, gen, dev) if isinstance(cfg, LadderConfig)
              else initial_noise(energy, n, gen, dev, cfg.init_scale))
     else:
         if n is not None and n != x0.shape[0]:
@@ -230,7 +238,7 @@ class ChainEnd:
 def run_chain(
     energy: Energy,
     x: Tensor,
-    config: SamplerConfig,
+    config: ChainSettings,
     generator: torch.Generator,
     labels: Labels | None = None,
     *,
@@ -238,7 +246,8 @@ def run_chain(
     on_step: Callable[[int, ChainState, StepInfo], None] | None = None,
 ) -> ChainEnd:
     """The chain of Algorithm 2 from ``x``: ``rounds`` x [augmentation transition, ``steps`` steps], then
-    ``final_steps`` steps. ``sample`` and the trainer both run their chains through here.
+    ``final_steps`` steps, or with a `LadderConfig` the walk down its levels. ``sample`` and the trainer both run
+    their chains through here.
 
     Args:
         num_steps: stop after this many steps (default: the whole schedule, ``config.total_steps``).
@@ -250,7 +259,7 @@ def run_chain(
     total = config.total_steps if num_steps is None else num_steps
     if not 0 <= total <= config.total_steps:
         raise ValueError(f"num_steps must be in 0..{config.total_steps} for this schedule, got {num_steps}")
-    if config.ladder is not None:
+    if isinstance(config, LadderConfig):
         if total != config.total_steps:
             raise ValueError("a noise ladder runs whole: num_steps must be left out")
         return ChainEnd(run_ladder(energy, x, config, generator, labels, on_step=on_step), None, total)

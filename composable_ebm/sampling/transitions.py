@@ -1,6 +1,6 @@
 """MCMC transitions on an energy passed per call: a Langevin step, a MALA step and an HMC step, each with a
-per-chain accept/reject where it has one; and the noise ladder the annealed samplers of noise-conditioned
-energies walk down.
+per-chain accept/reject where it has one; and the settings of a chain on an energy without noise levels
+(`SamplerConfig`; a noise-conditioned energy's ladder is `composable_ebm.sampling.annealed.LadderConfig`).
 
 State and diagnostics are separate records (as blackjax's ``MALAState`` / ``MALAInfo``): the
 state caches the energy and gradient of its position, so MALA never recomputes them.
@@ -13,7 +13,7 @@ import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -39,70 +39,17 @@ in the ``composable_ebm.samplers`` group) and ``@SAMPLERS.register("name")`` add
 
 
 @dataclass(frozen=True)
-class NoiseLadder:
-    """The noise levels an annealed sampler walks down, for noise-conditioned energies (`Energy.noise_conditioned`).
-
-    Chains start from the value range's centre plus Gaussian noise of std ``sigma_max`` and run the sampler's
-    ``steps`` transitions at each level, with step size ``step_size * sigma^2`` (Song & Ermon 2019's annealed
-    Langevin dynamics: ``alpha_i`` proportional to ``sigma_i^2``) and exact Langevin noise, moving from one level to
-    the next by the reverse-diffusion step (``predictor``); then, with ``denoise``,
-    one step to the noise's posterior mean at the last level (Tweedie's formula, ``x - sigma^2 dE/dx``), and
-    the result is clamped to the value range.
-    """
-
-    levels: int = 30
-    """how many levels, ``sigma_max`` first and ``sigma_min`` last"""
-    sigma_min: float = 0.01
-    """the last level (the data's scale: [0, 1] pixels)"""
-    sigma_max: float = 1.0
-    """the first level"""
-    spacing: Literal["geometric", "karras"] = "geometric"
-    """geometric: equal ratios; karras: Karras et al. 2022's ``rho = 7`` spacing, more levels at low noise"""
-    predictor: bool = True
-    """move between levels by the reverse-diffusion step (the posterior of the next level's noised image given the
-    current one and the denoised estimate, ``x - sigma^2 dE/dx``), so the transitions at each level correct a chain
-    that is already close to it (the predictor-corrector scheme of Song et al. 2021, as Du et al. 2023 sample); off,
-    the chain reaches each level by the transitions alone"""
-    denoise: bool = True
-    """finish with the posterior-mean step at ``sigma_min``"""
-    first_steps: int = 0
-    """transitions at the first level before the ladder's own ``steps`` there: the chains start from the value
-    range's centre plus noise of std ``sigma_max``, which is the noised data's distribution at that level only when
-    ``sigma_max`` dwarfs the data's spread; these steps let the chains reach it before the descent"""
-
-    def __post_init__(self) -> None:
-        check_size("NoiseLadder", "levels", self.levels, high=1 << 16)
-        check_size("NoiseLadder", "first_steps", self.first_steps, low=0, high=1 << 24)
-        check_range("NoiseLadder", "sigma_min", self.sigma_min, 0.0, low_open=True)
-        check_range("NoiseLadder", "sigma_max", self.sigma_max, self.sigma_min, 1e4)
-        if self.spacing not in ("geometric", "karras"):
-            raise InvalidInputError(f"unknown NoiseLadder.spacing {self.spacing!r}; valid choices: ['geometric', 'karras']")
-        for name in ("predictor", "denoise"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidInputError(f"NoiseLadder.{name} must be true or false, got {getattr(self, name)!r}")
-
-    def sigmas(self) -> list[float]:
-        """The levels, highest first."""
-        n, lo, hi = self.levels, self.sigma_min, self.sigma_max
-        if n == 1:
-            return [lo]
-        if self.spacing == "geometric":
-            return [hi * (lo / hi) ** (i / (n - 1)) for i in range(n)]
-        rho = 7.0
-        return [(hi ** (1 / rho) + i / (n - 1) * (lo ** (1 / rho) - hi ** (1 / rho))) ** rho for i in range(n)]
-
-
-@dataclass(frozen=True)
 class SamplerConfig:
-    """Langevin / MALA settings and Algorithm 2's schedule.
+    """Langevin / MALA / HMC settings and Algorithm 2's schedule: the chain of an energy without noise levels (a
+    noise-conditioned energy walks a `composable_ebm.sampling.annealed.LadderConfig`).
 
     The defaults are the paper's 32x32 settings (appendix, "Experiment Configurations").
     """
 
     step_size: float = 500.0
     """lambda in x <- x - lambda * dE/dx + noise * N(0, 1)"""
-    noise: float | Literal["exact"] | None = 0.001
-    """std of the added noise; None or "exact": sqrt(2 * step_size) (exact Langevin)"""
+    noise: float | Literal["exact"] = 0.001
+    """std of the added noise; ``"exact"``: sqrt(2 * step_size) (Langevin dynamics proper)"""
     steps: int = 40
     """K: Langevin steps per round"""
     rounds: int = 1
@@ -115,9 +62,6 @@ class SamplerConfig:
     leapfrog: int = 3
     """hmc: leapfrog steps per proposal, each of step ``sqrt(2 * step_size)`` (one leapfrog step is MALA's
     proposal with exact noise)"""
-    ladder: NoiseLadder | None = None
-    """anneal over these noise levels (noise-conditioned energies; `NoiseLadder`): ``steps`` transitions at each
-    level, with exact Langevin noise and step ``step_size * sigma^2``"""
     augment: AugmentConfig | None = None
     """augmentation transition at the start of every round"""
     clamp: bool = True
@@ -129,66 +73,59 @@ class SamplerConfig:
     (1: per-pixel uniform noise, Algorithm 2); larger values start from smooth colour fields"""
 
     def __post_init__(self) -> None:
-        if self.noise == "exact":  # spelling for recipe files, which have no null
-            object.__setattr__(self, "noise", None)
         check_range("SamplerConfig", "step_size", self.step_size, 0.0, low_open=True)
-        if self.noise is not None:
+        if self.noise != "exact":
+            if self.noise is None or isinstance(self.noise, str):
+                raise InvalidInputError(f"SamplerConfig.noise must be a number or \"exact\" (sqrt(2 * step_size)),"
+                                        f" got {self.noise!r}")
             check_range("SamplerConfig", "noise", self.noise, 0.0)
         for name in ("steps", "final_steps"):
             check_size("SamplerConfig", name, getattr(self, name), low=0, high=1 << 24)
         check_size("SamplerConfig", "rounds", self.rounds, high=1 << 20)
         check_size("SamplerConfig", "init_scale", self.init_scale, high=1 << 12)
         check_size("SamplerConfig", "leapfrog", self.leapfrog, high=1 << 10)
-        if self.ladder is not None:
-            if not isinstance(self.ladder, NoiseLadder):
-                raise InvalidInputError(f"SamplerConfig.ladder must be a NoiseLadder, got {type(self.ladder).__name__}")
-            if self.rounds != 1 or self.augment is not None or self.noise is not None:
-                raise InvalidInputError(
-                    "SamplerConfig: a noise ladder runs one pass of exact Langevin noise without augmentation; valid"
-                    f" choices: rounds = 1, augment = false, noise = \"exact\" (got rounds = {self.rounds}, augment ="
-                    f" {'set' if self.augment is not None else 'false'}, noise = {self.noise!r})")
-        if not isinstance(self.clamp, bool):
-            raise InvalidInputError(f"SamplerConfig.clamp must be true or false, got {self.clamp!r}")
-        if self.steps < 0 or self.rounds < 1 or self.final_steps < 0:
-            raise ValueError(
-                f"need steps >= 0, rounds >= 1, final_steps >= 0; got {self.steps}, {self.rounds}, {self.final_steps}"
-            )
+        check_bool("SamplerConfig", "clamp", self.clamp)
         if self.total_steps > MAX_TOTAL_STEPS:
-            sum_text = (f"ladder first_steps + levels x steps + final_steps = {self.ladder.first_steps} +"
-                        f" {self.ladder.levels} x {self.steps} + {self.final_steps}" if self.ladder is not None else
-                        f"rounds x steps + final_steps = {self.rounds} x {self.steps} + {self.final_steps}")
-            raise InvalidInputError(f"SamplerConfig: {sum_text} = {self.total_steps:,} Langevin steps; at most"
+            raise InvalidInputError(f"SamplerConfig: rounds x steps + final_steps = {self.rounds} x {self.steps} +"
+                                    f" {self.final_steps} = {self.total_steps:,} Langevin steps; at most"
                                     f" {MAX_TOTAL_STEPS:,}")
-        if not isinstance(self.method, str) or self.method not in SAMPLERS:
-            raise InvalidInputError(f"unknown sampler method {self.method!r}; valid choices: {SAMPLERS.names()}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; valid choices: {list(PRECISIONS)}")
+        check_method(self.method)
+        check_precision("SamplerConfig", self.precision)
 
     def summary(self) -> str:
         """The schedule in one line, e.g. ``langevin, 1 x 60 steps, step size 20, noise 0.005`` (``cebm info``, the
         studio)."""
-        noise = "exact noise" if self.noise is None else f"noise {self.noise:g}"
+        noise = "exact noise" if self.noise == "exact" else f"noise {self.noise:g}"
         extra = f" + {self.final_steps}" if self.final_steps else ""
-        if self.ladder is not None:
-            lad = self.ladder
-            first = f"{lad.first_steps} steps at the first level, then " if lad.first_steps else ""
-            return (f"{self.method}, {first}{self.steps} steps{extra} at each of {lad.levels} noise levels"
-                    f" ({lad.sigma_max:g} to {lad.sigma_min:g}, {lad.spacing}), step size {self.step_size:g} x sigma^2,"
-                    f" {noise}" + (", denoised" if lad.denoise else ""))
         return (f"{self.method}, {self.rounds} x {self.steps} steps{extra}, step size {self.step_size:g}, {noise}"
                 + (", augmented" if self.augment else ""))
 
     @property
     def noise_std(self) -> float:
-        return (2.0 * self.step_size) ** 0.5 if self.noise is None else self.noise
+        return (2.0 * self.step_size) ** 0.5 if self.noise == "exact" else float(self.noise)
 
     @property
     def total_steps(self) -> int:
-        """Transitions per chain: ``rounds * steps + final_steps``, or with a ladder ``first_steps + levels * steps
-        + final_steps`` (the first ones at the first level, the final ones at the last)."""
-        if self.ladder is not None:
-            return self.ladder.first_steps + self.ladder.levels * self.steps + self.final_steps
+        """Transitions per chain: ``rounds * steps + final_steps``."""
         return self.rounds * self.steps + self.final_steps
+
+
+def check_method(method: Any) -> None:
+    """One line unless ``method`` names a registered transition."""
+    if not isinstance(method, str) or method not in SAMPLERS:
+        raise InvalidInputError(f"unknown sampler method {method!r}; valid choices: {SAMPLERS.names()}")
+
+
+def check_precision(owner: str, precision: Any) -> None:
+    """One line unless ``precision`` is one of `PRECISIONS`."""
+    if precision not in PRECISIONS:
+        raise InvalidInputError(f"unknown {owner}.precision {precision!r}; valid choices: {list(PRECISIONS)}")
+
+
+def check_bool(owner: str, name: str, value: Any) -> None:
+    """One line unless ``value`` is true or false."""
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{owner}.{name} must be true or false, got {value!r}")
 
 
 @dataclass
@@ -336,7 +273,7 @@ def mala_step(
     """
     std = config.noise_std
     if std <= 0:
-        raise ValueError("MALA needs noise > 0 (noise=None gives the exact-Langevin sqrt(2 * step_size))")
+        raise ValueError("MALA needs noise > 0 (noise=\"exact\" gives the exact-Langevin sqrt(2 * step_size))")
     x = state.x
     noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
     proposal = x - config.step_size * state.grad + std * noise
