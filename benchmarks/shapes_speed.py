@@ -38,11 +38,11 @@ def seconds_per_iteration(variant: str, iters: int) -> float:
     else:
         model = build_model(recipe, data)
     if variant == "bfloat16":
-        config = dataclasses.replace(config, sampler=dataclasses.replace(config.sampler, precision="bfloat16"))
+        config = config.with_objective(sampler=dataclasses.replace(config.objective.sampler, precision="bfloat16"))
     if variant == "channels_last":
         model = model.to(memory_format=torch.channels_last)
     trainer = Trainer(model, data, config)
-    while len(trainer.buffer) < config.ent_min_buffer + config.batch_size:
+    while len(trainer.buffer) < config.objective.ent_min_buffer + config.batch_size:
         trainer.buffer.add(torch.rand(config.batch_size, *model.input_shape), {"shape": torch.zeros(
             config.batch_size, dtype=torch.long)}, trainer.generator)
     trainer.train_step()

@@ -123,9 +123,9 @@ def training_iteration(recipe, data, batch: int, device: torch.device, iters: in
             compiled_chain(model)
     config = dataclasses.replace(recipe.trainer, batch_size=batch)
     if precision is not None and model.noise_conditioned:
-        config = dataclasses.replace(config, precision=precision)
+        config = config.with_objective(precision=precision)
     elif precision is not None:
-        config = dataclasses.replace(config, sampler=dataclasses.replace(config.sampler, precision=precision))
+        config = config.with_objective(sampler=dataclasses.replace(config.objective.sampler, precision=precision))
     trainer = Trainer(model, data, config, device=device)
     if compiled and model.noise_conditioned:
         trainer.objective = CompiledDenoising(trainer.energy)
@@ -193,8 +193,8 @@ def derivatives_table(names: list[str], iters: int, rounds: int) -> None:
         recipe = load_recipe(ROOT / "recipes" / SHIPPED[name])
         data = build_dataset(recipe.data, recipe.folder)
         batch = recipe.trainer.batch_size
-        shipped = recipe.trainer.precision if build_model(recipe, data).noise_conditioned else \
-            recipe.trainer.sampler.precision
+        objective = recipe.trainer.objective
+        shipped = objective.precision if build_model(recipe, data).noise_conditioned else objective.sampler.precision
         for device in devices:
             times: dict[tuple[str, bool], list[float]] = {v: [] for v in variants}
             compared = [("float32", False), (shipped, True)]  # the eager float32 path and the default
@@ -259,7 +259,7 @@ def paper_chain_steps(batches: list[int]) -> tuple[list[tuple[int, float, float,
     device = torch.device("cuda")
     recipe = load_recipe(ROOT / "recipes" / "cifar10.toml")
     model = build_model(recipe, torch.empty(0)).to(device)
-    chain = recipe.trainer.sampler
+    chain = recipe.trainer.objective.sampler
     rows = []
     for batch in batches:
         times: dict[bool, list[float]] = {False: [], True: []}

@@ -18,22 +18,17 @@ import torch
 from benchmarks._report import machine, write_section
 from composable_ebm import ResNetConfig, ResNetEnergy
 from composable_ebm.sampling import AugmentConfig, SamplerConfig
-from composable_ebm.training import Trainer, TrainerConfig
+from composable_ebm.training import ContrastiveConfig, Trainer, TrainerConfig
 
 
 def iteration_seconds(kl: bool, iters: int, precision: str, device: torch.device) -> float:
     torch.manual_seed(0)
     model = ResNetEnergy(ResNetConfig.paper_32()).to(device)
     images = torch.rand(512, 3, 32, 32)
-    config = TrainerConfig(
-        batch_size=16,
-        sampler=SamplerConfig(step_size=100.0, noise=0.001, steps=40, precision=precision),
-        chain_augment=AugmentConfig(crop_scale=(0.02, 1.0)),
-        kl_opt=kl,
-        kl_ent=kl,
-        ent_min_buffer=100,
-        log_every=10**9,  # no extra gradient-norm passes in the timed loop
-    )
+    config = TrainerConfig(batch_size=16, log_every=10**9,
+                           objective=ContrastiveConfig(sampler=SamplerConfig(step_size=100.0, noise=0.001, steps=40, precision=precision),
+                                                       chain_augment=AugmentConfig(crop_scale=(0.02, 1.0)), kl_opt=kl,
+                                                       kl_ent=kl, ent_min_buffer=100))
     trainer = Trainer(model, images, config, device=device)
     while len(trainer.buffer) < 112:  # fill the buffer past ent_min_buffer so L_ent is on
         trainer.buffer.add(torch.rand(16, 3, 32, 32, device=device), None, trainer.generator)

@@ -22,7 +22,8 @@ _EXPORTS = {
     **dict.fromkeys(["AugmentConfig", "LadderConfig", "SampleResult", "SamplerConfig", "SamplingDefaults"],
                     "composable_ebm.sampling"),
     "sample": "composable_ebm.pipeline",
-    **dict.fromkeys(["ReplayBuffer", "Trainer", "TrainerConfig", "TrainingDiverged"], "composable_ebm.training"),
+    **dict.fromkeys(["ContrastiveConfig", "DenoisingConfig", "ReplayBuffer", "Trainer", "TrainerConfig",
+                     "TrainingDiverged"], "composable_ebm.training"),
     **dict.fromkeys(["ImageDataset", "attribute_folder", "cifar10", "digits", "shapes"], "composable_ebm.data"),
     **dict.fromkeys(["AttributeClassifier", "ClassifierConfig", "InceptionV3Features", "auroc", "compositional_accuracy",
                      "fid", "inception_score", "ood_auroc", "plot_training_health", "train_classifier"],
@@ -83,7 +84,14 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
                                      ResNetConfig, ResNetEnergy)
     from composable_ebm.pipeline import sample
     from composable_ebm.sampling import AugmentConfig, LadderConfig, SampleResult, SamplerConfig, SamplingDefaults
-    from composable_ebm.training import ReplayBuffer, Trainer, TrainerConfig, TrainingDiverged
+    from composable_ebm.training import (
+        ContrastiveConfig,
+        DenoisingConfig,
+        ReplayBuffer,
+        Trainer,
+        TrainerConfig,
+        TrainingDiverged,
+    )
 
 __all__ = [
     "AttributeClassifier",
@@ -91,6 +99,8 @@ __all__ = [
     "BlockSpec",
     "ClassifierConfig",
     "Conditioned",
+    "ContrastiveConfig",
+    "DenoisingConfig",
     "DenoisingUNetConfig",
     "DenoisingUNetEnergy",
     "Disjunction",

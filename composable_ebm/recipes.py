@@ -6,7 +6,8 @@ A recipe has four tables::
                  # any field of its config
     [data]       # dataset = a registered dataset (`DATASETS`: "shapes", "digits", "folder", "cifar10", "toy2d"), that
                  # dataset's settings, and attributes = what the model conditions on
-    [trainer]    # TrainerConfig fields, with [trainer.sampler] and [trainer.chain_augment] sub-tables
+    [trainer]    # TrainerConfig fields and its objective's: ContrastiveConfig's (with [trainer.sampler] and
+                 # [trainer.chain_augment] sub-tables), or DenoisingConfig's for a noise-conditioned network
     [sampling]   # the model's sampling defaults (SamplingDefaults: SamplerConfig fields, or LadderConfig fields for a
                  # noise-conditioned network; guidance_scale, guidance_interval, guided_alone, augment_preserves),
                  # saved with it; [sampling.augment]; [sampling.alone] (the fields that change when the model is
@@ -106,9 +107,9 @@ def load_recipe(path: str | Path, settings: Sequence[str] = ()) -> Recipe:
         trainer_table = dict(raw.get("trainer", {}))
         if "seed" not in trainer_table:
             trainer_table["seed"] = recipe_seed(str(model.get("name", path.stem)))
-        trainer = config_from_dict(TrainerConfig, trainer_table)
-        ladder = issubclass(network, NoiseConditioned)
-        sampling = SamplingDefaults.from_flat(raw["sampling"], ladder=ladder) if "sampling" in raw else None
+        noised = issubclass(network, NoiseConditioned)  # the model's family: its objective and its sampler
+        trainer = TrainerConfig.from_flat(trainer_table, denoising=noised).for_model(noised)
+        sampling = SamplingDefaults.from_flat(raw["sampling"], ladder=noised) if "sampling" in raw else None
         model_config(model_type, model)  # checked now, before any data is built
         kept = sampling.augment_preserves if sampling is not None else None
         foreign = sorted(set(kept or ()) - set(data.attributes))

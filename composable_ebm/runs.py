@@ -93,9 +93,9 @@ def _start_from(trainer: Any, source: str | Path, allow_config_change: bool = Fa
 
 def estimate(trainer: Any, repeats: int = 2) -> tuple[float, int]:
     """Seconds per training iteration, estimated by timing the chain's energy-and-gradient evaluations at the
-    batch size (the iteration's bulk; a denoising iteration is about three of them), and the bytes of a checkpoint (model, EMA, Adam's two moments, replay
-    buffer). Draws from a generator of its own, so training is not changed by it."""
-    import math
+    batch size (the iteration's bulk: `Objective.evaluations_per_step` of them), and the bytes of a checkpoint
+    (model, EMA, Adam's two moments, the objective's state). Draws from a generator of its own, so training is not
+    changed by it."""
     import time as clock
 
     cfg = trainer.config
@@ -110,14 +110,9 @@ def estimate(trainer: Any, repeats: int = 2) -> tuple[float, int]:
     if trainer.device.type == "cuda":
         torch.cuda.synchronize(trainer.device)
     per_eval = (clock.perf_counter() - start) / repeats
-    if trainer.denoising:  # no chain: one evaluation with a differentiable gradient, then its backward pass
-        seconds = per_eval * 3
-    else:  # the chain, then the losses' passes (about four evaluations' worth)
-        seconds = per_eval * ((cfg.chain_steps_max or cfg.sampler.total_steps) + 4)
+    seconds = per_eval * trainer.objective.evaluations_per_step()
     params = sum(p.numel() * p.element_size() for p in energy.parameters())
-    keeps_buffer = cfg.reinit_prob < 1 and not trainer.denoising
-    buffer = cfg.buffer_size * math.prod(energy.input_shape) * 4 if keeps_buffer else 0
-    return seconds, 4 * params + buffer
+    return seconds, 4 * params + trainer.objective.state_bytes()
 
 
 def _human_bytes(n: float) -> str:
@@ -199,13 +194,18 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     from composable_ebm.persistence import save_model
     from composable_ebm.model_cards import model_card, recipe_text
     from composable_ebm.recipes import build_dataset, build_model, load_recipe
-    from composable_ebm.training import Trainer, init_distributed, read_log
+    from composable_ebm.training import DenoisingConfig, Trainer, init_distributed, read_log
 
     say = echo or (lambda line: None)
     recipe, out = Path(recipe), Path(out)
     spec = load_recipe(recipe, settings)
-    if precision is not None and precision != spec.trainer.precision:
-        spec = dataclasses.replace(spec, trainer=dataclasses.replace(spec.trainer, precision=precision))
+    objective = spec.trainer.objective
+    if precision is not None and not isinstance(objective, DenoisingConfig):
+        raise InvalidInputError("--precision sets the denoising loss of a noise-conditioned model; a"
+                                " contrastive-divergence chain's arithmetic is [trainer.sampler] precision (valid:"
+                                " float32, bfloat16)")
+    if precision is not None and precision != objective.precision:
+        spec = dataclasses.replace(spec, trainer=spec.trainer.with_objective(precision=precision))
     else:
         precision = None  # the recipe's own: nothing for the card to say
     if steps is not None and steps < 0:

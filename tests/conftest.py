@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from composable_ebm import BlockSpec, MLPConfig, MLPEnergy, ResNetConfig, ResNetEnergy
 from composable_ebm.sampling import SamplerConfig, SamplingDefaults
+from composable_ebm.training import ContrastiveConfig, TrainerConfig
 
 TINY_BLOCKS = (
     BlockSpec(channels=8),
@@ -22,6 +24,14 @@ def settings(**fields) -> SamplingDefaults:
     """A model's sampling defaults from flat fields: `SamplerConfig`'s, with guidance_scale / augment_preserves."""
     own = {k: fields.pop(k) for k in ("guidance_scale", "augment_preserves") if k in fields}
     return SamplingDefaults(SamplerConfig(**fields), **own)
+
+
+def contrastive_trainer(**settings) -> TrainerConfig:
+    """A contrastive-divergence `TrainerConfig` from flat settings, as a recipe's ``[trainer]`` names them: the
+    loop's fields and `ContrastiveConfig`'s side by side."""
+    own = {f.name for f in dataclasses.fields(ContrastiveConfig)}
+    return TrainerConfig(**{k: v for k, v in settings.items() if k not in own},
+                         objective=ContrastiveConfig(**{k: v for k, v in settings.items() if k in own}))
 
 
 def tiny_config(**overrides) -> ResNetConfig:

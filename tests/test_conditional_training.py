@@ -16,8 +16,8 @@ from composable_ebm.cli import app
 from composable_ebm.evaluation import AttributeClassifier
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.sampling import AugmentConfig, SamplerConfig, augment
-from composable_ebm.training import Trainer, TrainerConfig, label_loss, other_values
-from tests.conftest import FlakyEnergy
+from composable_ebm.training import ContrastiveConfig, Trainer, TrainerConfig, label_loss, other_values
+from tests.conftest import FlakyEnergy, contrastive_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def _blob_config(**overrides) -> TrainerConfig:
         checkpoint_every=10**6,
     )
     base.update(overrides)
-    return TrainerConfig(**base)
+    return contrastive_trainer(**base)
 
 
 @pytest.mark.learning
@@ -112,8 +112,8 @@ def test_label_weight_adds_the_label_term_to_the_loss_only_when_asked():
     terms = [t for t in (record.loss_cd, record.loss_opt, record.loss_ent, record.loss_label) if t is not None]
     assert record.loss == pytest.approx(sum(terms), rel=1e-5)
     assert Trainer(model, Blobs(200, 0), _blob_config()).train_step().loss_label is None
-    with pytest.raises(ValueError, match="label_weight must be >= 0"):
-        TrainerConfig(label_weight=-1.0)
+    with pytest.raises(ValueError, match=r"label_weight must be a finite number in \[0, inf\)"):
+        TrainerConfig(objective=ContrastiveConfig(label_weight=-1.0))
 
 
 class CountingEnergy(MLPEnergy):
@@ -127,17 +127,16 @@ class CountingEnergy(MLPEnergy):
 def test_trainer_chains_honour_rounds_and_final_steps_and_compute_each_step_once():
     CountingEnergy.calls = 0
     model = CountingEnergy(MLPConfig(hidden=8, depth=2))
-    cfg = TrainerConfig(
-        steps=1, batch_size=4, chain_augment=None, log_every=1000,
-        sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=3, rounds=2, final_steps=2),
-    )
+    cfg = TrainerConfig(steps=1, batch_size=4, log_every=1000,
+                        objective=ContrastiveConfig(chain_augment=None,
+                                                    sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=3, rounds=2, final_steps=2)))
     Trainer(model, torch.randn(32, 2), cfg).train_step()
     assert CountingEnergy.calls == 3 * 2 + 2
 
 
 def test_trainer_refuses_settings_it_cannot_honour():
     with pytest.raises(ValueError, match="training chains use method 'langevin'"):
-        TrainerConfig(sampler=SamplerConfig(method="mala"))
+        TrainerConfig(objective=ContrastiveConfig(sampler=SamplerConfig(method="mala")))
     with pytest.raises(ValueError, match=r"unknown TrainerConfig setting\(s\) \['negative_labels'\]"):
         TrainerConfig.from_dict({"negative_labels": "buffer"})
     with pytest.raises(ValueError, match=r"ema_decay must be a finite number in \[0, 1\)"):
@@ -198,7 +197,7 @@ def test_recipe_augmentations_leave_the_models_attribute_unchanged(path, shapes_
     truth = images.labels[attribute]
     clean = shapes_classifier.predict(images.images)[attribute]
     assert float((clean == truth).float().mean()) > 0.98
-    configs = {"chain": recipe.trainer.chain_augment, "positives": recipe.trainer.data_augment,
+    configs = {"chain": recipe.trainer.objective.chain_augment, "positives": recipe.trainer.data_augment,
                "sampling": recipe.sampling.sampler.augment}
     for where, cfg in configs.items():
         if cfg is None:
@@ -217,12 +216,12 @@ def test_no_training_positive_or_chain_start_is_a_held_out_combination(attribute
     (so no augmentation of a buffer sample can draw one either)."""
     recipe = load_recipe(ATTRIBUTE_RECIPES[attribute])
     assert recipe.data.holdout == ({"color": "red", "shape": "circle"},)
-    assert recipe.trainer.reinit_prob == 1.0 and recipe.trainer.chain_augment is None
+    assert recipe.trainer.objective.reinit_prob == 1.0 and recipe.trainer.objective.chain_augment is None
     data = build_dataset(recipe.data)
     trainer = Trainer(build_model(recipe, data), data, recipe.trainer)
     red, circle = 0, 0
     for _ in range(40):
-        x, _ = trainer._positives(256)
+        x, _ = trainer.positives(256)
         read = shapes_classifier.predict(x)
         red_circles = (read["color"] == red) & (read["shape"] == circle)
         assert not bool(red_circles.any()), f"shapes-{attribute}'s positives draw {int(red_circles.sum())} red circles"
@@ -330,7 +329,8 @@ def test_an_allowed_resume_takes_a_checkpoint_with_another_buffer_size(tmp_path)
     allowed = _train(small, tmp_path / "run", "--steps", "6", "--allow-config-change")
     assert allowed.exit_code == 0, allowed.output
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
-    assert state["step"] == 6 and state["buffer"]["capacity"] == 20 and state["buffer"]["samples"].shape[0] == 20
+    buffer = state["objective"]["buffer"]
+    assert state["step"] == 6 and buffer["capacity"] == 20 and buffer["samples"].shape[0] == 20
 
 
 def test_a_fresh_run_never_rolls_back_into_an_older_runs_checkpoint(tmp_path):

@@ -233,7 +233,7 @@ def test_denoising_training_replayed_from_a_cuda_graph_reaches_the_eager_weights
         use_cuda_graphs(on)
         trainer = Trainer(build_model(recipe, data), data, config, device="cuda")
         runs[on] = ([trainer.train_step().loss for _ in range(6)], trainer.ema.state_dict())
-        assert (trainer._step_graph is not None) == on
+        assert (trainer.objective._graph is not None) == on
     (eager_losses, eager_weights), (graph_losses, graph_weights) = runs[False], runs[True]
     assert graph_losses == pytest.approx(eager_losses, rel=1e-3)
     for (name, p), q in zip(eager_weights.items(), graph_weights.values(), strict=True):
@@ -241,6 +241,6 @@ def test_denoising_training_replayed_from_a_cuda_graph_reaches_the_eager_weights
     trainer.save_checkpoint()
     before = [trainer.train_step().loss for _ in range(3)]
     trainer._restore(trainer._latest_checkpoint())
-    assert trainer._step_graph is None
+    assert trainer.objective._graph is None
     assert [trainer.train_step().loss for _ in range(3)] == pytest.approx(before, rel=1e-5)
-    assert trainer._step_graph is not None
+    assert trainer.objective._graph is not None

@@ -23,7 +23,7 @@ from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.unet import DenoisingUNetConfig, DenoisingUNetEnergy
 from composable_ebm.pipeline import plan
 from composable_ebm.sampling import LadderConfig, SamplerConfig, SamplingDefaults, sample
-from composable_ebm.training import Trainer, TrainerConfig
+from composable_ebm.training import DenoisingConfig, Trainer, TrainerConfig
 from composable_ebm.training.denoising import DenoisingObjective, edm_weights
 from tests.test_energy import randomize
 
@@ -391,10 +391,10 @@ def test_the_loss_weighting_is_checked_in_one_line():
     with pytest.raises(InvalidInputError, match=r"unknown loss weighting 'l1'; valid choices: \['noise', 'edm'\]"):
         DenoisingObjective(tiny_unet(), "l1")
     with pytest.raises(InvalidInputError, match=r"loss_weighting 'snr'; valid choices: \['noise', 'edm'\]"):
-        TrainerConfig(loss_weighting="snr")
+        TrainerConfig(objective=DenoisingConfig(loss_weighting="snr"))
     trainer = Trainer(tiny_unet(attributes={}, null_condition=False), torch.rand(16, 3, 8, 8),
-                      TrainerConfig(steps=2, batch_size=4, loss_weighting="edm"))
-    assert trainer.objective.weighting == "edm" and math.isfinite(trainer.train_step().loss_dsm)
+                      TrainerConfig(steps=2, batch_size=4, objective=DenoisingConfig(loss_weighting="edm")))
+    assert trainer.objective.loss.weighting == "edm" and math.isfinite(trainer.train_step().loss_dsm)
 
 
 def test_a_noise_conditioned_energy_is_a_declared_type_the_pipeline_and_objective_ask():

@@ -24,7 +24,7 @@ from composable_ebm.persistence import CONFIG_NAME, WEIGHTS_NAME, load_model, sa
 from composable_ebm.nets import ResNetEnergy
 from composable_ebm.recipes import load_recipe
 from composable_ebm.sampling import SamplerConfig
-from composable_ebm.training import Trainer, TrainerConfig
+from composable_ebm.training import ContrastiveConfig, Trainer, TrainerConfig
 from tests.conftest import tiny_config
 from tests.test_cli import TINY_RECIPE
 
@@ -111,8 +111,9 @@ def originals(tmp_path_factory) -> dict[str, bytes | dict]:
 
 
 def _trainer_config() -> TrainerConfig:
-    return TrainerConfig(steps=2, batch_size=8, sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=2),
-                         chain_augment=None, buffer_size=32, ent_bank=4, ent_min_buffer=4, log_every=1, checkpoint_every=1)
+    return TrainerConfig(steps=2, batch_size=8, log_every=1, checkpoint_every=1,
+                         objective=ContrastiveConfig(sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=2),
+                                                     chain_augment=None, buffer_size=32, ent_bank=4, ent_min_buffer=4))
 
 
 @pytest.mark.parametrize("seed", [1234, 7, 99])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from composable_ebm import NULL, Guided, ResNetEnergy, Trainer, TrainerConfig, guided, shapes
+from composable_ebm import NULL, ContrastiveConfig, Guided, ResNetEnergy, Trainer, TrainerConfig, guided, shapes
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.expression import parse_expression
 from composable_ebm.pipeline import composed, default_settings
@@ -159,12 +159,13 @@ def test_guided_expression_parses_weights_and_negation(color, shape):
 def test_label_dropout_unbinds_that_fraction_of_positives_and_their_chains():
     data = shapes(400, size=8, seed=0).select_attributes(["color"])
     energy = ResNetEnergy(tiny_config(attributes=data.attributes, null_condition=True))
-    config = TrainerConfig(steps=1, batch_size=4000, label_dropout=0.1, sampler=SamplerConfig(step_size=1.0, steps=1))
+    config = TrainerConfig(steps=1, batch_size=4000, label_dropout=0.1,
+                           objective=ContrastiveConfig(sampler=SamplerConfig(step_size=1.0, steps=1)))
     trainer = Trainer(energy, data, config)
-    _, labels = trainer._positives(4000)
+    _, labels = trainer.positives(4000)
     dropped = float((labels["color"] == NULL).float().mean())
     assert 0.08 < dropped < 0.12
-    _, chain_labels = trainer._chain_starts(4000, labels)
+    _, chain_labels = trainer.objective._chain_starts(4000, labels)
     assert torch.equal(chain_labels["color"], labels["color"])
 
 

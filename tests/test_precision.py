@@ -15,7 +15,7 @@ import torch
 from composable_ebm import DenoisingUNetConfig, DenoisingUNetEnergy, ResNetEnergy
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling import SamplerConfig, run_chain
-from composable_ebm.training import Trainer, TrainerConfig
+from composable_ebm.training import ContrastiveConfig, DenoisingConfig, Trainer, TrainerConfig
 from composable_ebm.training.denoising import DenoisingObjective
 from composable_ebm.training.precision import network_precision
 from tests.conftest import tiny_config
@@ -72,13 +72,13 @@ def test_a_bfloat16_run_trains_with_float32_weights_and_records(noise_conditione
     if noise_conditioned:
         model = DenoisingUNetEnergy(DenoisingUNetConfig(name="u", image_size=8, channels=(8, 16), embedding=16,
                                                         groups=4))
-        config = TrainerConfig(steps=4, batch_size=8, log_every=2, checkpoint_every=2, precision="bfloat16",
-                               betas=(0.9, 0.999))
+        config = TrainerConfig(steps=4, batch_size=8, log_every=2, checkpoint_every=2, betas=(0.9, 0.999),
+                               objective=DenoisingConfig(precision="bfloat16"))
     else:
         model = ResNetEnergy(tiny_config())
-        config = TrainerConfig(steps=4, batch_size=8, buffer_size=16, ent_bank=4, ent_min_buffer=4, log_every=2,
-                               checkpoint_every=2,
-                               sampler=SamplerConfig(step_size=10.0, noise=0.005, steps=3, precision="bfloat16"))
+        config = TrainerConfig(steps=4, batch_size=8, log_every=2, checkpoint_every=2,
+                               objective=ContrastiveConfig(buffer_size=16, ent_bank=4, ent_min_buffer=4,
+                                                           sampler=SamplerConfig(step_size=10.0, noise=0.005, steps=3, precision="bfloat16")))
     trainer = Trainer(model, _images(), config, out_dir=tmp_path)
     before = [p.detach().clone() for p in model.parameters()]
     trainer.fit()
@@ -89,10 +89,11 @@ def test_a_bfloat16_run_trains_with_float32_weights_and_records(noise_conditione
 
 
 def test_an_unknown_or_misplaced_precision_is_refused_in_one_line_with_the_choices():
-    with pytest.raises(InvalidInputError, match=r"unknown TrainerConfig.precision 'float16'.*'float32', 'bfloat16'"):
-        TrainerConfig(precision="float16")
-    with pytest.raises(InvalidInputError, match=r"contrastive-divergence chain's arithmetic is \[trainer.sampler\] precision"):
-        Trainer(ResNetEnergy(tiny_config()), _images(), TrainerConfig(precision="bfloat16"))
+    with pytest.raises(InvalidInputError, match=r"unknown precision 'float16'.*'float32', 'bfloat16'"):
+        TrainerConfig(objective=DenoisingConfig(precision="float16"))
+    with pytest.raises(InvalidInputError, match=r"a model of clean data trains by contrastive divergence \(ContrastiveConfig\),"
+                                                r" not with a DenoisingConfig; valid choices"):
+        Trainer(ResNetEnergy(tiny_config()), _images(), TrainerConfig(objective=DenoisingConfig(precision="bfloat16")))
 
 
 def test_a_gpu_without_bfloat16_trains_in_float32_with_one_warning(monkeypatch):

@@ -34,8 +34,8 @@ from composable_ebm.persistence import CONFIG_NAME, WEIGHTS_NAME, load_model, sa
 from composable_ebm.nets import ResNetConfig, ResNetEnergy
 from composable_ebm.recipes import load_recipe
 from composable_ebm.sampling import AugmentConfig, SamplerConfig
-from composable_ebm.training import Trainer, TrainerConfig, read_log
-from tests.conftest import tiny_config
+from composable_ebm.training import ContrastiveConfig, Trainer, TrainerConfig, read_log
+from tests.conftest import contrastive_trainer, tiny_config
 from tests.test_cli import TINY_RECIPE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,7 +205,7 @@ def _tiny_trainer_config(**overrides) -> TrainerConfig:
     base = dict(steps=2, batch_size=8, sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=2), chain_augment=None,
                 buffer_size=32, ent_bank=4, ent_min_buffer=4, log_every=1, checkpoint_every=1)
     base.update(overrides)
-    return TrainerConfig(**base)
+    return contrastive_trainer(**base)
 
 
 def test_non_finite_weights_are_an_error_naming_the_model_not_a_png_of_nans(tmp_path):
@@ -230,8 +230,8 @@ def test_non_finite_weights_are_an_error_naming_the_model_not_a_png_of_nans(tmp_
         (lambda: TrainerConfig(betas=(0.0, 1.0)), r"TrainerConfig.betas\[1\] must be"),
         (lambda: TrainerConfig(grad_clip=0.0), r"TrainerConfig.grad_clip must be"),
         (lambda: TrainerConfig(batch_size=0), r"TrainerConfig.batch_size must be an integer in \[1, "),
-        (lambda: TrainerConfig(ent_weight=float("nan")), r"TrainerConfig.ent_weight must be a finite number"),
-        (lambda: TrainerConfig(reinit_prob=2.0), r"TrainerConfig.reinit_prob must be"),
+        (lambda: TrainerConfig(objective=ContrastiveConfig(ent_weight=float("nan"))), r"ContrastiveConfig.ent_weight must be a finite number"),
+        (lambda: TrainerConfig(objective=ContrastiveConfig(reinit_prob=2.0)), r"ContrastiveConfig.reinit_prob must be"),
         (lambda: SamplerConfig(step_size=float("inf")), r"SamplerConfig.step_size must be a finite number"),
         (lambda: SamplerConfig(noise=-0.1), r"SamplerConfig.noise must be"),
         (lambda: SamplerConfig(rounds=0), r"SamplerConfig.rounds must be an integer in \[1, "),
@@ -251,7 +251,7 @@ def test_every_numeric_setting_is_range_checked_at_construction(build, message):
         ('lr = "0.001"', "TrainerConfig.lr must be a number, got a string '0.001'"),
         ('steps = "100"', "TrainerConfig.steps must be an integer, got a string '100'"),
         ("batch_size = 1.5", "TrainerConfig.batch_size must be an integer, got a number 1.5"),
-        ("kl_ent = 1", "TrainerConfig.kl_ent must be true or false, got an integer 1"),
+        ("kl_ent = 1", "ContrastiveConfig.kl_ent must be true or false, got an integer 1"),
         ("betas = 0.9", "TrainerConfig.betas must be a list, got a number 0.9"),
         ('on_fault = "retry"', "TrainerConfig.on_fault must be one of ['rollback', 'stop'], got 'retry'"),
     ],
@@ -527,10 +527,10 @@ def test_a_tiny_config_cannot_ask_for_gigabytes_of_activations_or_endless_sampli
     SamplerConfig(steps=1000, rounds=1000)  # a million steps is still allowed
     # the shipped and paper networks fit with room to spare
     assert ResNetConfig.paper_128().activation_elements() < (1 << 28) // 4
-    with pytest.raises(InvalidInputError, match=r"TrainerConfig.buffer_size 16,777,216 of inputs \(3, 32, 32\) .* at most"):
+    with pytest.raises(InvalidInputError, match=r"ContrastiveConfig.buffer_size 16,777,216 of inputs \(3, 32, 32\) .* at most"):
         Trainer(ResNetEnergy(ResNetConfig(image_size=32, stem_channels=8, groups=4, blocks=[], multiscale=False)),
                 torch.rand(4, 3, 32, 32),
-                TrainerConfig(buffer_size=1 << 24))
+                TrainerConfig(objective=ContrastiveConfig(buffer_size=1 << 24)))
 
 
 def test_saving_over_a_symlinked_model_folder_follows_the_link(tmp_path):

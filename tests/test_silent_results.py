@@ -60,8 +60,9 @@ def test_per_call_sampler_settings_are_type_checked_as_a_recipes_are():
 def test_a_checkpoint_at_a_negative_step_is_refused(tmp_path):
     from composable_ebm import MLPConfig, MLPEnergy, SamplerConfig, Trainer, TrainerConfig
 
-    config = TrainerConfig(steps=1, batch_size=4, buffer_size=8, chain_augment=None, dequantize=False,
-                           sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=1))
+    config = TrainerConfig(steps=1, batch_size=4, dequantize=False,
+                           objective=cebm.ContrastiveConfig(buffer_size=8, chain_augment=None,
+                                                            sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=1)))
     trainer = Trainer(MLPEnergy(MLPConfig(hidden=8, depth=1)), torch.randn(16, 2), config, out_dir=tmp_path)
     trainer.fit()
     trainer.close()

@@ -17,6 +17,7 @@ from composable_ebm.images import as_float_images
 from composable_ebm import MLPConfig, MLPEnergy, ResNetEnergy
 from composable_ebm.sampling import SamplerConfig
 from composable_ebm.training import (
+    ContrastiveConfig,
     ImprovedCDObjective,
     ReplayBuffer,
     Trainer,
@@ -28,7 +29,7 @@ from composable_ebm.training import (
     nearest_neighbour_distance,
     save_atomic,
 )
-from tests.conftest import FlakyEnergy, tiny_config
+from tests.conftest import FlakyEnergy, contrastive_trainer, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "train_worker.py"
@@ -160,10 +161,9 @@ def test_opt_loss_gradient_matches_finite_differences_through_the_last_langevin_
     """d/dθ E_{θ0}(x - η dE_θ/dx(x) + σω), by central differences in one parameter, equals autograd's L_opt gradient."""
     model = _tiny_mlp()
     eta, sigma = 0.3, 0.05
-    cfg = TrainerConfig(
-        sampler=SamplerConfig(step_size=eta, noise=sigma, steps=1), kl_ent=False, cd_l2=0.0, chain_augment=None
-    )
-    objective = ImprovedCDObjective(model, cfg)
+    cfg = TrainerConfig(objective=ContrastiveConfig(sampler=SamplerConfig(step_size=eta, noise=sigma, steps=1),
+                                                    kl_ent=False, cd_l2=0.0, chain_augment=None))
+    objective = ImprovedCDObjective(model, cfg.objective)
     x_prev = torch.randn(6, 2, dtype=torch.float64)
     noise = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))  # what the step draws
     out = objective(torch.randn(6, 2, dtype=torch.float64), None, x_prev, None, torch.Generator().manual_seed(5), None)
@@ -217,10 +217,9 @@ class CountingEnergy(MLPEnergy):
 def test_each_langevin_step_is_computed_once(kl):
     CountingEnergy.grad_calls = 0
     model = CountingEnergy(MLPConfig(hidden=8, depth=2))
-    cfg = TrainerConfig(
-        steps=1, batch_size=4, sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=7), chain_augment=None,
-        kl_opt=kl, kl_ent=kl, log_every=1000,
-    )
+    cfg = TrainerConfig(steps=1, batch_size=4, log_every=1000,
+                        objective=ContrastiveConfig(sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=7),
+                                                    chain_augment=None, kl_opt=kl, kl_ent=kl))
     trainer = Trainer(model, torch.randn(32, 2), cfg)
     trainer.train_step()
     assert CountingEnergy.grad_calls == 7
@@ -229,8 +228,9 @@ def test_each_langevin_step_is_computed_once(kl):
 def test_chain_steps_max_draws_each_iterations_chain_length_from_the_range_with_the_runs_generator():
     def lengths(seed: int, iterations: int = 40) -> list[int]:
         model = CountingEnergy(MLPConfig(hidden=8, depth=2))
-        cfg = TrainerConfig(steps=iterations, batch_size=4, sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=3),
-                            chain_steps_max=6, chain_augment=None, kl_ent=False, log_every=1000, seed=seed)
+        cfg = TrainerConfig(steps=iterations, batch_size=4, log_every=1000, seed=seed,
+                            objective=ContrastiveConfig(sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=3),
+                                                        chain_steps_max=6, chain_augment=None, kl_ent=False))
         trainer = Trainer(model, torch.randn(32, 2), cfg)
         out = []
         for _ in range(iterations):
@@ -244,7 +244,8 @@ def test_chain_steps_max_draws_each_iterations_chain_length_from_the_range_with_
     assert drawn == lengths(0) and drawn != lengths(1)  # drawn from the run's seeded generator
     for bad in (2, 4.5, True):  # below sampler.steps, not an integer
         with pytest.raises(InvalidInputError, match=rf"chain_steps_max must be an integer in \[3, 16777216\], got {bad!r}"):
-            TrainerConfig(sampler=SamplerConfig(step_size=0.1, steps=3), chain_steps_max=bad)
+            TrainerConfig(objective=ContrastiveConfig(sampler=SamplerConfig(step_size=0.1, steps=3),
+                                                      chain_steps_max=bad))
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -254,7 +255,7 @@ def small_config(**overrides) -> TrainerConfig:
         ent_bank=8, ent_min_buffer=8, log_every=2, checkpoint_every=3, ema_decay=0.5,
     )
     base.update(overrides)
-    return TrainerConfig(**base)
+    return contrastive_trainer(**base)
 
 
 class Data:
@@ -299,8 +300,8 @@ def test_checkpoints_load_with_weights_only_and_hold_the_full_state(tmp_path):
     Trainer(model, Data(), small_config(), out_dir=tmp_path).fit()
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     assert state["step"] == 6
-    assert {"model", "ema", "optimizer", "buffer", "rng"} <= set(state)
-    assert state["buffer"]["samples"].shape == (32, 3, 8, 8)
+    assert {"model", "ema", "optimizer", "objective", "rng"} <= set(state)
+    assert state["objective"]["buffer"]["samples"].shape == (32, 3, 8, 8)
     assert {"generator", "torch", "numpy", "python"} <= set(state["rng"])
 
 
@@ -340,10 +341,9 @@ def _flaky_trainer(tmp_path, on_fault: str) -> Trainer:
     # so call 40 falls in iteration 7
     torch.manual_seed(0)
     model = FlakyEnergy.poisoned_at(40, MLPConfig(hidden=16, depth=2))
-    cfg = TrainerConfig(
-        steps=12, batch_size=8, sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=3), chain_augment=None,
-        buffer_size=64, ent_bank=8, ent_min_buffer=8, log_every=1, checkpoint_every=4, on_fault=on_fault,
-    )
+    cfg = TrainerConfig(steps=12, batch_size=8, log_every=1, checkpoint_every=4, on_fault=on_fault,
+                        objective=ContrastiveConfig(sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=3),
+                                                    chain_augment=None, buffer_size=64, ent_bank=8, ent_min_buffer=8))
     return Trainer(model, torch.randn(64, 2), cfg, out_dir=tmp_path)
 
 
@@ -405,8 +405,8 @@ def test_data_start_prob_starts_that_share_of_chains_from_training_images(p):
     model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")}))
     data = Data()
     trainer = Trainer(model, data, small_config(data_start_prob=p, reinit_prob=1.0, batch_size=400, chain_augment=None))
-    _, labels = trainer._positives(400)
-    starts, run_under = trainer._chain_starts(400, labels)
+    _, labels = trainer.positives(400)
+    starts, run_under = trainer.objective._chain_starts(400, labels)
     flat = as_float_images(trainer.images).flatten(1)  # the images as the trainer keeps them
     from_data = (torch.cdist(starts.flatten(1), flat, compute_mode="donot_use_mm_for_euclid_dist").min(dim=1).values < 1e-5).float().mean().item()
     assert abs(from_data - p) < 0.08
@@ -422,8 +422,8 @@ def test_chain_augmentation_moves_the_starts_from_the_buffer_and_leaves_fresh_no
     stripes = torch.zeros(400, 3, 8, 8)
     stripes[..., ::2] = 1.0  # one-pixel stripes: a crop of 1.1 pixels square zooms them into a smooth ramp
     trainer.buffer.add(stripes, {"color": torch.zeros(400, dtype=torch.long)}, trainer.generator)
-    _, labels = trainer._positives(400)
-    starts, _ = trainer._chain_starts(400, labels)
+    _, labels = trainer.positives(400)
+    starts, _ = trainer.objective._chain_starts(400, labels)
     step = (starts[..., 1:] - starts[..., :-1]).abs().flatten(1).mean(1)  # per start: mean horizontal difference
     fresh = step > 0.2  # uniform noise: 1/3; a zoomed stripe changes far less per pixel
     assert abs(fresh.float().mean().item() - 0.5) < 0.08
@@ -436,8 +436,9 @@ def test_a_training_chain_takes_one_augmentation_setting():
     from composable_ebm.sampling import AugmentConfig
 
     with pytest.raises(InvalidInputError, match="one augmentation: chain_augment"):
-        TrainerConfig(sampler=SamplerConfig(step_size=1.0, steps=2, augment=AugmentConfig()))
-    assert TrainerConfig(sampler=SamplerConfig(step_size=1.0, steps=2), chain_augment=AugmentConfig()).chain_augment
+        TrainerConfig(objective=ContrastiveConfig(sampler=SamplerConfig(step_size=1.0, steps=2, augment=AugmentConfig())))
+    assert TrainerConfig(objective=ContrastiveConfig(sampler=SamplerConfig(step_size=1.0, steps=2),
+                                                     chain_augment=AugmentConfig())).objective.chain_augment
 
 
 def test_train_recipe_is_cebm_train_as_a_library_call(tmp_path):
@@ -514,8 +515,9 @@ def test_a_checkpoint_of_the_wrong_structure_is_named_before_anything_is_restore
     from composable_ebm.errors import ModelFileError
 
     def trainer() -> Trainer:
-        config = TrainerConfig(steps=2, batch_size=4, chain_augment=None, kl_ent=False,
-                               sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=2))
+        config = TrainerConfig(steps=2, batch_size=4,
+                               objective=ContrastiveConfig(chain_augment=None, kl_ent=False,
+                                                           sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=2)))
         return Trainer(MLPEnergy(MLPConfig(hidden=8, depth=1)), torch.randn(32, 2), config, out_dir=tmp_path)
 
     trainer().fit()
@@ -552,8 +554,9 @@ def test_a_checkpoint_of_a_gpu_run_resumes_on_the_cpu_and_says_it_is_not_bit_for
         model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")}))
         data = torch.rand(32, 3, 8, 8, generator=torch.Generator().manual_seed(1))
         return Trainer(model, SimpleNamespace(images=data, labels={"color": torch.arange(32) % 3}),
-                       TrainerConfig(steps=2, batch_size=4, sampler=SamplerConfig(step_size=10.0, steps=2),
-                                     buffer_size=16, ent_bank=4, ent_min_buffer=4, checkpoint_every=2, log_every=1),
+                       TrainerConfig(steps=2, batch_size=4, checkpoint_every=2, log_every=1,
+                                     objective=ContrastiveConfig(sampler=SamplerConfig(step_size=10.0, steps=2),
+                                                                 buffer_size=16, ent_bank=4, ent_min_buffer=4)),
                        out_dir=tmp_path)
 
     first = trainer()
@@ -584,8 +587,9 @@ def test_a_checkpoint_that_saved_a_removed_setting_at_its_behaving_value_resumes
     from composable_ebm import MLPConfig, MLPEnergy, SamplerConfig, Trainer, TrainerConfig
     from composable_ebm.errors import InvalidInputError
 
-    config = TrainerConfig(steps=2, batch_size=8, buffer_size=16, log_every=1, checkpoint_every=1, chain_augment=None,
-                           dequantize=False, sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=2))
+    config = TrainerConfig(steps=2, batch_size=8, log_every=1, checkpoint_every=1, dequantize=False,
+                           objective=ContrastiveConfig(buffer_size=16, chain_augment=None,
+                                                       sampler=SamplerConfig(step_size=0.1, noise=0.01, steps=2)))
     data = torch.randn(64, 2)
     first = Trainer(MLPEnergy(MLPConfig(hidden=8, depth=1)), data, config, out_dir=tmp_path)
     first.fit()

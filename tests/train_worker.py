@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from composable_ebm import ResNetEnergy  # noqa: E402
 from composable_ebm.sampling import AugmentConfig, SamplerConfig  # noqa: E402
-from composable_ebm.training import Trainer, TrainerConfig, init_distributed  # noqa: E402
+from composable_ebm.training import ContrastiveConfig, Trainer, TrainerConfig, init_distributed  # noqa: E402
 from tests.conftest import tiny_config  # noqa: E402
 
 
@@ -42,19 +42,10 @@ def main() -> None:
     init_distributed("cpu")  # gloo: the tiny model trains on the CPU, also where a GPU exists
     torch.manual_seed(0)
     model = ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")}))
-    config = TrainerConfig(
-        steps=args.steps,
-        batch_size=8,
-        sampler=SamplerConfig(step_size=10.0, noise=0.005, steps=4),
-        chain_augment=AugmentConfig(crop_scale=(0.2, 1.0), blur_prob=0.5),
-        buffer_size=32,
-        reinit_prob=0.05,
-        ent_bank=8,
-        ent_min_buffer=8,
-        ema_decay=0.9,
-        log_every=3,
-        checkpoint_every=4,
-    )
+    config = TrainerConfig(steps=args.steps, batch_size=8, ema_decay=0.9, log_every=3, checkpoint_every=4,
+                           objective=ContrastiveConfig(sampler=SamplerConfig(step_size=10.0, noise=0.005, steps=4),
+                                                       chain_augment=AugmentConfig(crop_scale=(0.2, 1.0), blur_prob=0.5),
+                                                       buffer_size=32, reinit_prob=0.05, ent_bank=8, ent_min_buffer=8))
     trainer = Trainer(model, Data(), config, out_dir=args.out_dir)
     if args.resume:
         assert trainer.resume(), "nothing to resume from"

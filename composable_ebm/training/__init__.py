@@ -1,10 +1,14 @@
-"""Training: replay buffer, improved-CD losses, Algorithm 1's trainer, checkpoints, DDP."""
+"""Training: one loop (`Trainer`) around an objective (contrastive divergence with its replay buffer and improved-CD
+losses, or denoising score matching), checkpoints, DDP."""
 
 from composable_ebm.training.buffer import ReplayBuffer
 from composable_ebm.training.checkpoint import load_checkpoint, save_atomic
-from composable_ebm.training.config import learning_rate
+from composable_ebm.training.config import ContrastiveConfig, DenoisingConfig, ObjectiveConfig, learning_rate
+from composable_ebm.training.contrastive import ContrastiveDivergence
+from composable_ebm.training.denoising import DenoisingScoreMatching
 from composable_ebm.training.faults import TrainingDiverged
 from composable_ebm.training.log import RunLog, read_log
+from composable_ebm.training.loop import Loop
 from composable_ebm.training.losses import (
     cd_loss,
     entropy_loss,
@@ -16,6 +20,7 @@ from composable_ebm.training.losses import (
 )
 from composable_ebm.training.trainer import (
     ImprovedCDObjective,
+    Objective,
     ObjectiveOutput,
     StepRecord,
     Trainer,
@@ -26,7 +31,14 @@ from composable_ebm.training.trainer import (
 )
 
 __all__ = [
+    "ContrastiveConfig",
+    "ContrastiveDivergence",
+    "DenoisingConfig",
+    "DenoisingScoreMatching",
     "ImprovedCDObjective",
+    "Loop",
+    "Objective",
+    "ObjectiveConfig",
     "ObjectiveOutput",
     "ReplayBuffer",
     "RunLog",

@@ -33,7 +33,7 @@ STATE_MISMATCH_ERRORS = (RuntimeError, KeyError, ValueError, TypeError, IndexErr
 """What restoring a well-formed checkpoint of another model raises (``load_state_dict``: missing or
 mis-shaped tensors); `check_state` has checked its structure first, so nothing else is the file's fault."""
 
-_STATE_TYPES = {"step": int, "rollbacks": int, "model": dict, "ema": dict, "optimizer": dict, "buffer": dict, "rng": dict}
+_STATE_TYPES = {"step": int, "rollbacks": int, "model": dict, "ema": dict, "optimizer": dict, "rng": dict}
 _RNG_TYPES = {"generator": torch.Tensor, "torch": torch.Tensor, "numpy": dict, "python": dict}
 _NUMPY_TYPES = {"key": torch.Tensor, "pos": int, "has_gauss": int, "cached_gaussian": float}
 _PYTHON_TYPES = {"version": int, "internal": list, "gauss": (float, type(None))}
@@ -51,6 +51,11 @@ def check_state(state: dict[str, Any], path: Path) -> None:
                 found = "missing" if value is KeyError else f"a {type(value).__name__}"
                 raise ModelFileError(f"{path}: {where}{key} is {found}, not a training-state part; the file is damaged"
                                      " or not a checkpoint of cebm train; start fresh with --no-resume")
+    own = "objective" if "objective" in state else "buffer"  # the buffer alone: written before the objectives were separate
+    if not isinstance(state.get(own), dict):
+        found = "missing" if own not in state else f"a {type(state[own]).__name__}"
+        raise ModelFileError(f"{path}: objective is {found}, not a training-state part; the file is damaged or not a"
+                             " checkpoint of cebm train; start fresh with --no-resume")
     if state["step"] < 0 or state["rollbacks"] < 0:
         raise ModelFileError(f"{path}: step {state['step']} and rollbacks {state['rollbacks']} must be >= 0; the file is"
                              " damaged; start fresh with --no-resume")

@@ -4,7 +4,8 @@ For data ``x``, a level ``sigma`` drawn log-uniformly from the model's ``noise_r
 noised point is ``x + sigma z`` and the loss is ``|sigma dE/dx(x + sigma z, sigma) - z|^2`` per pixel: the energy's
 input gradient predicts the noise, so ``-dE/dx`` is the score of the noised data (the noise-prediction
 weighting of Ho et al. 2020). The gradient is taken with ``create_graph``, so the loss reaches the parameters
-through it. No chain runs: an iteration is one forward and two backward passes.
+through it. No chain runs and nothing is kept between iterations: an iteration is one forward and two backward
+passes (`DenoisingScoreMatching`, the objective the training loop runs for a noise-conditioned model).
 
 That weighting counts a level's error in the denoised image ``x - sigma^2 dE/dx`` by ``1 / sigma^2``: the high
 levels, where the chains decide an image's layout and colours, count least. ``weighting="edm"`` multiplies each
@@ -16,14 +17,28 @@ by its mean over the levels drawn, so the weights average 1.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
+from composable_ebm.accel.derivatives import second_derivatives
 from composable_ebm.energy import Energy, Labels, NoiseConditioned
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.accel.derivatives import second_derivatives
+from composable_ebm.sampling.graphs import capture
+from composable_ebm.sampling.graphs import enabled as graphs_enabled
+from composable_ebm.training.config import WEIGHTINGS, DenoisingConfig
+from composable_ebm.training.faults import fault_reason
+from composable_ebm.training.precision import network_precision
+from composable_ebm.training.record import StepRecord
+
+if TYPE_CHECKING:  # pragma: no cover; the loop hands itself to its objective
+    from composable_ebm.training.loop import Loop
+
+MAX_GRAPHED_DATA_BYTES = 1 << 31
+"""training data larger than this (2 GiB) stays on the host, and an iteration runs without a CUDA graph"""
 
 
 @dataclass
@@ -43,7 +58,6 @@ def noise_range(energy: Energy) -> tuple[float, float]:
     return float(found[0]), float(found[1])
 
 
-WEIGHTINGS = ("noise", "edm")
 
 
 def edm_weights(sigma: Tensor, sigma_data: float, low: float, high: float) -> Tensor:
@@ -98,3 +112,96 @@ def noise_prediction_loss(grad: Tensor, sigma: Tensor, z: Tensor, weight: Tensor
     shape = (-1,) + (1,) * (grad.ndim - 1)
     error = (sigma.view(shape) * grad - z).pow(2)
     return (error if weight is None else error * weight.view(shape)).mean()
+
+
+class DenoisingScoreMatching:
+    """One iteration of denoising score matching for the training loop (`composable_ebm.training.Trainer`): the
+    positives, the loss at ``precision`` and its backward pass, replayed from a CUDA graph where it can be; the loop
+    applies Adam and the EMA. It keeps nothing between iterations."""
+
+    def __init__(self, trainer: Loop, config: DenoisingConfig) -> None:
+        self.trainer, self.config = trainer, config
+        self.loss = trainer.parallel(DenoisingObjective(trainer.energy, config.loss_weighting))
+        self._graph: tuple[torch.cuda.CUDAGraph, Tensor, list[Tensor | None]] | None = None
+        self._graph_failed = False  # a capture failed: it runs eagerly from then on
+
+    def step(self) -> StepRecord:
+        stats = self._replay() if self._graphable() else None
+        loss, e_noised, grad_norm = (self._stats() if stats is None else stats).tolist()
+        return StepRecord(loss=loss, e_noised=e_noised, grad_norm=grad_norm, loss_dsm=loss)
+
+    def applied(self) -> None:
+        """Nothing to keep from an applied iteration."""
+
+    def fault(self, record: StepRecord) -> str | None:
+        """Why ``record`` is a fault: a non-finite statistic."""
+        return fault_reason(record, None)
+
+    def _stats(self) -> Tensor:
+        """Positives, the loss, its backward pass and the clip; returns the loss, the noised points' mean energy and
+        the gradient norm as one float tensor on the device (nothing is read back)."""
+        loop = self.trainer
+        x_pos, pos_labels = loop.positives(loop.config.batch_size)
+        with network_precision(loop.device, self.config.precision):
+            noised: DenoisingOutput = self.loss(x_pos, pos_labels or None, loop.generator)
+        grad_norm = loop.backward(noised.loss)
+        return torch.stack([noised.loss.detach().float(), noised.energy.float(), grad_norm.float()])
+
+    def _graphable(self) -> bool:
+        """Whether this iteration replays a CUDA graph (`_replay`): on by default on CUDA (`use_cuda_graphs`), for
+        one process, with training data that fits the device's memory budget for it."""
+        loop = self.trainer
+        return (loop.device.type == "cuda" and graphs_enabled() and not loop.distributed and not self._graph_failed
+                and loop.images.numel() * loop.images.element_size() <= MAX_GRAPHED_DATA_BYTES)
+
+    def _replay(self) -> Tensor | None:
+        """`_stats` replayed from a CUDA graph (captured at the first call: an iteration is a few hundred small
+        kernels, launch-bound on a GPU), or ``None`` where the capture failed: one warning, and training goes on
+        eagerly with the generator's draws unchanged.
+
+        The graph draws the batch from a copy of the training data on the device and writes the gradients into
+        tensors it owns; they are given back to the parameters after each replay, so Adam reads them as it would
+        read an eager backward pass's. Adam, the EMA and the fault check stay outside: a faulted iteration's graph
+        has run, but its gradients are never applied."""
+        loop = self.trainer
+        params = [p for p in loop.energy.parameters() if p.requires_grad]
+        if self._graph is None:
+            if loop.images.device != loop.device:
+                loop.images = loop.images.to(loop.device)  # the batch is drawn inside the graph
+            try:
+                graph, stats = capture(self._stats, loop.generator, loop.device)
+            except RuntimeError as err:
+                self._graph_failed = True
+                loop.optimizer.zero_grad(set_to_none=True)
+                warnings.warn(f"CUDA graph capture failed for the training step ({str(err).splitlines()[0]}); it runs"
+                              " without graphs", RuntimeWarning, stacklevel=4)
+                return None
+            self._graph = (graph, stats, [p.grad for p in params])
+        graph, stats, grads = self._graph
+        graph.replay()
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        return stats
+
+    # ------------------------------------------------------------- its state
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], resize: bool = False) -> None:
+        """Nothing to restore (a checkpoint of a run before the objectives were separate holds a one-sample buffer
+        that kept nothing: ignored)."""
+
+    def restored(self) -> None:
+        """The loop restored a checkpoint: a graph captured before is captured again from the restored state."""
+        self._graph = None
+
+    def log_fields(self) -> dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------- its cost
+    def evaluations_per_step(self) -> int:
+        """About three evaluations' worth: one with a differentiable gradient, then its backward pass."""
+        return 3
+
+    def state_bytes(self) -> int:
+        return 0

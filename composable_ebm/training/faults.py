@@ -37,13 +37,14 @@ class Fault(Exception):
         self.reason = reason
 
 
-def fault_reason(record: StepRecord, max_energy_diff: float) -> str | None:
-    """Why an iteration's statistics are a fault, or ``None``."""
+def fault_reason(record: StepRecord, max_energy_diff: float | None) -> str | None:
+    """Why an iteration's statistics are a fault, or ``None``: a non-finite statistic, or (``max_energy_diff`` given)
+    a difference of the positives' and negatives' energies past it."""
     for key in ("loss", "e_pos", "e_neg", "e_noised"):
         value = getattr(record, key)
         if value is not None and not math.isfinite(value):
             return f"non-finite {key} ({value})"
-    if record.e_diff is not None and abs(record.e_diff) > max_energy_diff:
+    if max_energy_diff is not None and record.e_diff is not None and abs(record.e_diff) > max_energy_diff:
         return f"energy difference {record.e_diff:.4g} exceeds max_energy_diff {max_energy_diff:g}"
     return None
 

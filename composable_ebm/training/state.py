@@ -1,9 +1,10 @@
-"""The training state: checkpoint, resume and rollback of a `Trainer` (its model, EMA, optimiser, replay
-buffer, generator, step and settings), written atomically and read with ``weights_only=True``."""
+"""The training state: checkpoint, resume and rollback of a `Trainer` (its model, EMA, optimiser, its objective's
+state (a replay buffer), generator, step and settings), written atomically and read with ``weights_only=True``."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from composable_ebm.training.config import (REMOVED_SETTINGS, RESUMABLE_CHANGES,
 
 class TrainingState:
     """Checkpoint and resume for `composable_ebm.training.Trainer`, which mixes it in: it reads the
-    trainer's ``energy``, ``ema``, ``optimizer``, ``buffer``, ``generator``, ``step``, ``rollbacks``,
+    trainer's ``energy``, ``ema``, ``optimizer``, ``objective``, ``generator``, ``step``, ``rollbacks``,
     ``config``, ``out_dir``, ``rank`` and ``log``."""
 
     CHECKPOINT = "checkpoint.pt"
@@ -36,15 +37,15 @@ class TrainingState:
         return self.out_dir / self.CHECKPOINT if self.out_dir is not None else None
 
     def state_dict(self) -> dict[str, Any]:
-        """The full training state: model, EMA, optimiser, buffer, RNG states, step and settings."""
+        """The full training state: model, EMA, optimiser, the objective's state, RNG states, step and settings."""
         return {
-            "format": 1,
+            "format": 2,
             "step": self.step,
             "rollbacks": self.rollbacks,
             "model": self.energy.state_dict(),  # DDP wraps the objective, never the energy itself
             "ema": self.ema.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "buffer": self.buffer.state_dict(),
+            "objective": self.objective.state_dict(),
             "rng": capture_rng_state(self.generator),
             "trainer_config": json.dumps(self.config.to_dict()),
         }
@@ -84,7 +85,8 @@ class TrainingState:
         # a setting added to TrainerConfig after the checkpoint was written had its default then; one removed since
         # is dropped where the checkpoint holds the value that behaves as the trainer does now
         saved = {k: v for k, v in saved.items() if REMOVED_SETTINGS.get(k, object()) != v}
-        changed = config_differences(with_defaults(saved, TrainerConfig().to_dict()), self.config.to_dict())
+        defaults = dataclasses.replace(TrainerConfig(), objective=type(self.config.objective)()).to_dict()
+        changed = config_differences(with_defaults(saved, defaults), self.config.to_dict())
         changed = {k: v for k, v in changed.items() if k not in RESUMABLE_CHANGES}
         if changed and not allow_config_change:
             keys = ", ".join(f"{k} ({old!r} -> {new!r})" for k, (old, new) in sorted(changed.items()))
@@ -113,11 +115,13 @@ class TrainingState:
     def _restore(self, state: dict[str, Any] | None, resize_buffer: bool = False) -> None:
         if state is None:
             raise RuntimeError("no checkpoint to restore")
-        self._step_graph = None  # captured before: captured again from the restored state
+        self.objective.restored()
         self.energy.load_state_dict(state["model"], strict=True)
         self.ema.load_state_dict(state["ema"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
-        self.buffer.load_state_dict(state["buffer"], resize=resize_buffer)
+        # a checkpoint written before the objectives were separate holds its buffer beside the model
+        own = state["objective"] if "objective" in state else {"buffer": state["buffer"]}
+        self.objective.load_state_dict(own, resize=resize_buffer)
         self.resumed_exactly = restore_rng_state(state["rng"], self.generator)
         self.step = int(state["step"])
         self.rollbacks = int(state["rollbacks"])
