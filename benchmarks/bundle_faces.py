@@ -38,7 +38,7 @@ from composable_ebm.model_cards import model_card, recipe_text
 from composable_ebm.persistence import BUNDLED_DIR, load_model, save_model
 from composable_ebm.recipes import load_recipe, parse_setting
 from composable_ebm.sampling import SamplingDefaults
-from composable_ebm.sampling.transitions import PRECISIONS
+from composable_ebm.accel.precision import PRECISIONS
 from composable_ebm.training import read_log
 
 ROOT = Path(__file__).resolve().parents[1]

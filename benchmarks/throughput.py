@@ -24,7 +24,7 @@ two in one run on one thread (CUDA too when present), into the section ``through
     python -m benchmarks.throughput --precision [--recipes ...] [--iters 5]
 
 With ``--cuda-graphs`` (a CUDA device needed) it times a training iteration and a whole sampling chain of each recipe
-on the GPU with the chain's transitions replayed from CUDA graphs (`composable_ebm.sampling.graphs`) against
+on the GPU with the chain's transitions replayed from CUDA graphs (`composable_ebm.accel.graphs`) against
 without, alternating the two in one run, into the section ``throughput-cuda-graphs``:
 
     python -m benchmarks.throughput --cuda-graphs [--recipes ...] [--batches 24 128] [--iters 5] [--paper]
@@ -74,8 +74,8 @@ from benchmarks._report import write_section
 from benchmarks.sampling import _sync, matmul_gflops, step_flops, step_seconds
 from composable_ebm.accel.derivatives import use_own_derivatives
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
-from composable_ebm.sampling.graphs import enabled as graphs_enabled
-from composable_ebm.sampling.transitions import native_bfloat16
+from composable_ebm.accel.graphs import enabled as graphs_enabled
+from composable_ebm.accel.precision import native_bfloat16
 from composable_ebm.training import Trainer
 from composable_ebm.training.denoising import DenoisingObjective, noise_prediction_loss
 
@@ -254,7 +254,7 @@ def paper_chain_steps(batches: list[int]) -> tuple[list[tuple[int, float, float,
     """The paper's 32-px network's training chain (recipes/cifar10.toml's ``[trainer.sampler]``, 40 Langevin steps)
     on the GPU, eager against replayed from CUDA graphs, the faster of two alternating runs: per batch, seconds per
     step both ways and the step's arithmetic (`step_flops`); and the dense float32 matrix-product rate (the limit)."""
-    from composable_ebm.sampling.graphs import use_cuda_graphs
+    from composable_ebm.accel.graphs import use_cuda_graphs
 
     device = torch.device("cuda")
     recipe = load_recipe(ROOT / "recipes" / "cifar10.toml")
@@ -276,7 +276,7 @@ def paper_chain_steps(batches: list[int]) -> tuple[list[tuple[int, float, float,
 def graphs_table(names: list[str], batches: list[int], iters: int, paper: bool = False) -> None:
     """A training iteration and a sampling chain on the GPU, eager against replayed from CUDA graphs (and with
     ``paper``, the paper's 32-px network's chain step against the device's limit)."""
-    from composable_ebm.sampling.graphs import use_cuda_graphs
+    from composable_ebm.accel.graphs import use_cuda_graphs
 
     device = torch.device("cuda")
     rows = []
@@ -543,7 +543,7 @@ def main() -> None:
     notes = ""
     if any(kind == "cuda" for kind, _ in settings) and graphs_enabled():
         notes += (" On CUDA the training iteration's chain is replayed from CUDA graphs"
-                  " (`composable_ebm.sampling.graphs`).")
+                  " (`composable_ebm.accel.graphs`).")
     if args.paper:
         notes += (f" {PAPER}: the paper's 32-px network (recipes/cifar10.toml, its preset's own input shape) on random"
                   " input; its training iteration needs CIFAR-10, which is not here (—).")

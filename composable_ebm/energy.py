@@ -261,10 +261,11 @@ class Energy(nn.Module):
     def sample(self, n: int, **kwargs: Any) -> Tensor:
         """Draw ``n`` samples ``(n, *input_shape)``: `composable_ebm.pipeline.sample` (Algorithm 2, in the guided
         form for a sum of conditioned models, with the models' own settings); ``seed=`` makes it repeat."""
-        return self.sample_chain(n, **kwargs).samples
+        return self.sample_result(n, **kwargs).samples
 
-    def sample_chain(self, n: int, **kwargs: Any) -> Any:
-        """Like `sample` but returns the whole `composable_ebm.sampling.SampleResult`."""
+    def sample_result(self, n: int, **kwargs: Any) -> Any:
+        """Like `sample` but returns the whole `composable_ebm.sampling.SampleResult`: the samples, the kept chain,
+        the per-step diagnostics and the settings used."""
         # The one import of a higher layer in this module, made when a sample is asked for: the pipeline decides how
         # an energy is sampled and imports this module, so this module cannot import it at the top.
         from composable_ebm.pipeline import sample

@@ -58,7 +58,7 @@ def algebra_figures() -> None:
     readme = parse_expression(SHAPES_EXPRESSION, cebm.load)
     save_image_grid(readme.sample(16, seed=0), IMAGES / "red_large_circles.png")  # what `cebm compose ... --seed 0` writes
     print("red_large_circles.png", flush=True)
-    result = readme.sample_chain(8, seed=0, keep_every=10)
+    result = readme.sample_result(8, seed=0, keep_every=10)
     save_chain_strip(result.chain, IMAGES / "chain.png")
     print("chain.png", flush=True)
 

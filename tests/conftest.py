@@ -54,10 +54,10 @@ def _seed():
 @pytest.fixture
 def bfloat16_arithmetic(monkeypatch):
     """bfloat16 runs as asked on every CPU (emulated where the CPU has none of its own), so a test of its numerics
-    tests bfloat16 and not the float32 fallback (`composable_ebm.sampling.transitions.native_bfloat16`)."""
-    from composable_ebm.sampling import transitions
+    tests bfloat16 and not the float32 fallback (`composable_ebm.accel.precision.native_bfloat16`)."""
+    from composable_ebm.accel import precision
 
-    monkeypatch.setattr(transitions, "native_bfloat16", lambda device_type: True)
+    monkeypatch.setattr(precision, "native_bfloat16", lambda device_type: True)
 
 
 @pytest.fixture

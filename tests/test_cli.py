@@ -250,7 +250,7 @@ def test_the_commands_choices_are_the_librarys():
     from composable_ebm.cli import common as cli
     from composable_ebm.pipeline import FORMS
     from composable_ebm.sampling import SamplerConfig
-    from composable_ebm.sampling.transitions import Precision
+    from composable_ebm.accel.precision import Precision
 
     assert get_args(cli.Precision) == get_args(Precision)
     assert get_args(cli.Form) == FORMS

@@ -82,7 +82,7 @@ def test_training_on_cuda_resumes_to_the_same_weights(tmp_path: Path):
 
 @pytest.fixture
 def cuda_graphs():
-    from composable_ebm.sampling.graphs import enabled, use_cuda_graphs
+    from composable_ebm.accel.graphs import enabled, use_cuda_graphs
 
     before = enabled()
     use_cuda_graphs(True)
@@ -91,7 +91,7 @@ def cuda_graphs():
 
 
 def _with_and_without_graphs(run):
-    from composable_ebm.sampling.graphs import use_cuda_graphs
+    from composable_ebm.accel.graphs import use_cuda_graphs
 
     use_cuda_graphs(False)
     eager = run()
@@ -106,7 +106,7 @@ def test_a_chain_replayed_from_cuda_graphs_draws_the_eager_chains_noise(cuda_gra
     same seed. A graph that drew other noise, or left the generator behind, would move them by the noise's size."""
     from composable_ebm.analytic import GaussianEnergy, NoisedGaussianEnergy
     from composable_ebm.sampling import LadderConfig, SamplerConfig, sample
-    from composable_ebm.sampling.graphs import MIN_STEPS, _cache
+    from composable_ebm.accel.graphs import MIN_STEPS, _cache
 
     gaussian = GaussianEnergy(torch.tensor([1.0, 0.0]), torch.tensor([[1.0, 0.3], [0.3, 0.5]])).to("cuda")
     a = NoisedGaussianEnergy(torch.tensor([1.0, 0.0]), torch.tensor([[1.0, 0.3], [0.3, 0.5]]), name="a")
@@ -147,7 +147,7 @@ def test_the_faces_composition_replayed_from_cuda_graphs_draws_the_eager_faces(c
     0.13 to 0.31 (median 0.23, the table's sheets)."""
     from composable_ebm.pipeline import plan
     from composable_ebm.sampling import sample
-    from composable_ebm.sampling.graphs import _cache
+    from composable_ebm.accel.graphs import _cache
 
     energy = (cebm.load("faces-smiling").condition(smiling="yes") + cebm.load("faces-glasses").condition(glasses="yes")
               + cebm.load("faces-hat").condition(hat="yes")).to("cuda")
@@ -170,7 +170,7 @@ def test_a_chain_whose_capture_fails_runs_eagerly_with_the_eager_draws(cuda_grap
     failed capture keeps drawing as it did."""
     from composable_ebm.analytic import NoisedGaussianEnergy
     from composable_ebm.sampling import LadderConfig, SamplerConfig, sample
-    from composable_ebm.sampling.graphs import MIN_STEPS, _cache
+    from composable_ebm.accel.graphs import MIN_STEPS, _cache
 
     class ReadsBack(NoisedGaussianEnergy):
         def energy(self, x, labels, sigma=None):
@@ -192,7 +192,7 @@ def test_a_chain_whose_capture_fails_runs_eagerly_with_the_eager_draws(cuda_grap
 
 def test_training_with_cuda_graphs_reaches_the_weights_of_eager_training(tmp_path: Path, cuda_graphs):
     """The trainer's chain replays a graph kept across iterations while the optimiser moves the weights in place."""
-    from composable_ebm.sampling.graphs import MIN_STEPS, use_cuda_graphs
+    from composable_ebm.accel.graphs import MIN_STEPS, use_cuda_graphs
 
     text = TINY_RECIPE.format(name="color", attribute="color")
     assert "[trainer.sampler]\nstep_size = 10.0\nsteps = 3\n" in text
@@ -220,7 +220,7 @@ def test_denoising_training_replayed_from_a_cuda_graph_reaches_the_eager_weights
     import dataclasses
 
     from composable_ebm.recipes import build_dataset, build_model, load_recipe
-    from composable_ebm.sampling.graphs import use_cuda_graphs
+    from composable_ebm.accel.graphs import use_cuda_graphs
     from composable_ebm.training import Trainer
     from tests.test_diffusion import tiny_diffusion_recipe
 

@@ -17,7 +17,7 @@ from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling import SamplerConfig, run_chain
 from composable_ebm.training import ContrastiveConfig, DenoisingConfig, Trainer, TrainerConfig
 from composable_ebm.training.denoising import DenoisingObjective
-from composable_ebm.training.precision import network_precision
+from composable_ebm.accel import precision as arithmetic
 from tests.conftest import tiny_config
 
 CPU = torch.device("cpu")
@@ -38,7 +38,7 @@ def test_bfloat16_denoising_loss_and_gradients_match_float32():
     out = {}
     for precision in ("float32", "bfloat16"):
         model.zero_grad(set_to_none=True)
-        with network_precision(CPU, precision):
+        with arithmetic.autocast("cpu", precision, doing="training"):
             result = objective(x, labels, torch.Generator().manual_seed(0))
         assert result.loss.dtype == torch.float32
         result.loss.backward()
@@ -100,19 +100,17 @@ def test_a_gpu_without_bfloat16_trains_in_float32_with_one_warning(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "an old GPU")
     with pytest.warns(RuntimeWarning, match="an old GPU has no bfloat16 arithmetic; training in float32"):
-        context = network_precision(torch.device("cuda"), "bfloat16")
+        context = arithmetic.autocast("cuda", "bfloat16", doing="training")
     assert isinstance(context, contextlib.nullcontext)
 
 
 def test_a_cpu_without_bfloat16_trains_and_samples_in_float32_with_one_warning(monkeypatch):
     """Emulated bfloat16 is many times slower than float32, so where the CPU has none of its own the trainer and the
     sampler run float32 and say so: the same chain, to the bit, as a float32 one."""
-    from composable_ebm.sampling import transitions
-
-    monkeypatch.setattr(transitions, "_cpu_bfloat16", lambda: False)
-    assert not transitions.native_bfloat16("cpu")
+    monkeypatch.setattr(arithmetic, "_cpu_bfloat16", lambda: False)
+    assert not arithmetic.native_bfloat16("cpu")
     with pytest.warns(RuntimeWarning, match="^this CPU has no bfloat16 arithmetic; training in float32$"):
-        context = network_precision(CPU, "bfloat16")
+        context = arithmetic.autocast("cpu", "bfloat16", doing="training")
     assert isinstance(context, contextlib.nullcontext)
     model = ResNetEnergy(tiny_config())
     start = torch.rand(8, 3, 8, 8, generator=torch.Generator().manual_seed(1))

@@ -208,7 +208,7 @@ def test_composite_of_conditional_networks_samples_end_to_end(color_model, shape
     assert images.shape == (4, 3, 8, 8)
     assert images.min() >= 0 and images.max() <= 1
     # per-call overrides win over the derived defaults; form="plain" samples the sum as written
-    result = composite.sample_chain(n=2, seed=0, steps=2, rounds=3, keep_every=2, form="plain")
+    result = composite.sample_result(n=2, seed=0, steps=2, rounds=3, keep_every=2, form="plain")
     assert result.config.step_size == pytest.approx(10.0 / 3) and result.config.steps == 2
     assert result.diagnostics.energy.shape == (6,)
 
@@ -225,9 +225,9 @@ def test_a_sum_of_models_with_null_conditions_samples_its_guided_form_by_default
     assert isinstance(auto, Guided) and auto.weights == (1.0, 2.0)
     assert composed(composite, "plain") is composite
     assert composed(red) is red and composed(red | circle, "auto").expression() == "(color[red] | shape[circle])"
-    cfg = composite.sample_chain(n=2, seed=0).config
+    cfg = composite.sample_result(n=2, seed=0).config
     assert cfg.step_size == pytest.approx(10.0) and cfg.steps == 4
-    assert composite.sample_chain(n=2, seed=0, form="plain").config.step_size == pytest.approx(5.0)
+    assert composite.sample_result(n=2, seed=0, form="plain").config.step_size == pytest.approx(5.0)
     torch.testing.assert_close(composite.sample(2, seed=1), composite.sample(2, seed=1, form="guided"))
     assert not torch.equal(composite.sample(2, seed=1), composite.sample(2, seed=1, form="plain"))
     with pytest.raises(ValueError, match=r"unknown composition form 'mixed'.*\['auto', 'plain', 'guided'\]"):
@@ -344,7 +344,7 @@ def test_cuda_graphs_switch_leaves_a_cpu_chain_as_it_was_and_takes_only_true_or_
     there): on the CPU the switch changes nothing, bit for bit, for a Langevin and a MALA chain with labels."""
     from composable_ebm.accel.labels import as_index
     from composable_ebm.sampling import sample as run
-    from composable_ebm.sampling.graphs import MIN_STEPS, enabled, use_cuda_graphs
+    from composable_ebm.accel.graphs import MIN_STEPS, enabled, use_cuda_graphs
 
     randomize(color_model)
     energy = color_model.condition(color="red")

@@ -2,8 +2,7 @@
 
 - `labels`: label checks that read nothing back from the device while a chain runs;
 - `derivatives`: a convolution, group normalisation and SiLU that state their own second derivatives (the losses
-  that differentiate an input gradient again).
-
-CUDA graphs of a chain's transitions live with the sampler that replays them (`composable_ebm.sampling.graphs`), and
-the denoising loss's arithmetic with its trainer (`composable_ebm.training.precision`).
+  that differentiate an input gradient again);
+- `graphs`: a chain's runs of identical transitions, and a denoising iteration, replayed from CUDA graphs;
+- `precision`: bfloat16 autocast where the device has bfloat16 arithmetic of its own, float32 otherwise.
 """

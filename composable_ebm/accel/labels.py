@@ -49,7 +49,7 @@ def _remember_range(idx: Tensor, low: int, high: int) -> None:
 
 
 def capturing() -> bool:
-    """Whether a CUDA graph is being captured on the current stream (`composable_ebm.sampling.graphs`), or the code
+    """Whether a CUDA graph is being captured on the current stream (`composable_ebm.accel.graphs`), or the code
     is being traced by ``torch.compile``: checks that read a value back to the host (label indices in range) are
     skipped then. The eager run before a capture made them; a compiled graph checks its labels as it runs
     (`Energy.encode_labels`)."""

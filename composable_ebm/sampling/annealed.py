@@ -22,7 +22,7 @@ from torch import Tensor
 
 from composable_ebm.configs import MAX_TOTAL_STEPS, check_range, check_size
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.sampling.graphs import transitions
+from composable_ebm.accel.graphs import transitions
 from composable_ebm.sampling.transitions import (
     SAMPLERS,
     ChainState,
@@ -153,7 +153,7 @@ class AtLevel:
 
     def graph_identity(self) -> tuple[Energy, float]:
         """What a CUDA graph of a transition on this view is kept with and told apart by
-        (`composable_ebm.sampling.graphs`): the energy underneath, and the level."""
+        (`composable_ebm.accel.graphs`): the energy underneath, and the level."""
         return self.base, self.sigma
 
 

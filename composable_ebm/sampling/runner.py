@@ -23,7 +23,7 @@ from composable_ebm.configs import config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError, NonFiniteError
 from composable_ebm.sampling.annealed import LadderConfig, ladder_start, run_ladder
 from composable_ebm.sampling.augment import augment
-from composable_ebm.sampling.graphs import transitions
+from composable_ebm.accel.graphs import transitions
 from composable_ebm.sampling.transitions import (
     ChainState,
     SamplerConfig,

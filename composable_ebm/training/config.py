@@ -14,7 +14,7 @@ from torch import Tensor
 from composable_ebm.configs import JSONConfig, check_range, check_size, config_from_dict, config_to_dict
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling import AugmentConfig, SamplerConfig
-from composable_ebm.sampling.transitions import PRECISIONS
+from composable_ebm.accel.precision import PRECISIONS
 
 # settings a resume may change without being asked: how long to train, how often to log or save, and the arithmetic
 RESUMABLE_CHANGES = frozenset({"steps", "log_every", "checkpoint_every", "precision"})

@@ -25,13 +25,13 @@ import torch
 from torch import Tensor, nn
 
 from composable_ebm.accel.derivatives import second_derivatives
+from composable_ebm.accel.precision import autocast
 from composable_ebm.energy import Energy, Labels, NoiseConditioned
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.sampling.graphs import capture
-from composable_ebm.sampling.graphs import enabled as graphs_enabled
+from composable_ebm.accel.graphs import capture
+from composable_ebm.accel.graphs import enabled as graphs_enabled
 from composable_ebm.training.config import WEIGHTINGS, DenoisingConfig
 from composable_ebm.training.faults import fault_reason
-from composable_ebm.training.precision import network_precision
 from composable_ebm.training.record import StepRecord
 
 if TYPE_CHECKING:  # pragma: no cover; the loop hands itself to its objective
@@ -142,7 +142,7 @@ class DenoisingScoreMatching:
         the gradient norm as one float tensor on the device (nothing is read back)."""
         loop = self.trainer
         x_pos, pos_labels = loop.positives(loop.config.batch_size)
-        with network_precision(loop.device, self.config.precision):
+        with autocast(loop.device.type, self.config.precision, doing="training"):
             noised: DenoisingOutput = self.loss(x_pos, pos_labels or None, loop.generator)
         grad_norm = loop.backward(noised.loss)
         return torch.stack([noised.loss.detach().float(), noised.energy.float(), grad_norm.float()])

@@ -22,11 +22,13 @@ generator (the same object: a trainer's, not a new one per `sample` call) and th
 Labels are copied into the graph's own buffers before each run.
 
 `capture` is the capture itself (warm-up, the generator registered, its state left as before), which the trainer
-also uses for a denoising iteration's loss and backward pass.
+also uses for a denoising iteration's loss and backward pass. The chain runners (`composable_ebm.sampling`) call
+`transitions`; this module imports none of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 import weakref
@@ -35,10 +37,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from composable_ebm.sampling.transitions import ChainState, SamplerConfig, StepInfo
-
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover; the chain's records are the sampler's, which calls this module
     from composable_ebm.energy import Labels
+    from composable_ebm.sampling.transitions import ChainState, SamplerConfig, StepInfo
 
 T = TypeVar("T")
 
@@ -77,7 +78,8 @@ class _Graph:
     def __init__(self, step_fn: Callable, energy: Any, state: ChainState, config: SamplerConfig,
                  generator: torch.Generator, labels: Labels | None) -> None:
         self.generator = generator  # held, so no later generator takes its id while the graph is kept
-        self.state = ChainState(state.x.detach().clone(), state.energy.detach().clone(), state.grad.detach().clone())
+        self.state = dataclasses.replace(state, x=state.x.detach().clone(), energy=state.energy.detach().clone(),
+                                         grad=state.grad.detach().clone())
         self.labels = ({k: torch.as_tensor(v, device=state.x.device).clone() for k, v in labels.items()}
                        if labels else None)
 
@@ -103,9 +105,10 @@ class _Graph:
 
     def snapshot(self) -> tuple[ChainState, StepInfo]:
         """Copies of the state and of the last transition's diagnostics (the next replay overwrites the buffers)."""
-        state = ChainState(self.state.x.clone(), self.state.energy.clone(), self.state.grad.clone())
-        info = StepInfo(self.info.energy.clone(), self.info.grad_norm.clone(),
-                        None if self.info.accepted is None else self.info.accepted.clone())
+        state = dataclasses.replace(self.state, x=self.state.x.clone(), energy=self.state.energy.clone(),
+                                    grad=self.state.grad.clone())
+        info = dataclasses.replace(self.info, energy=self.info.energy.clone(), grad_norm=self.info.grad_norm.clone(),
+                                   accepted=None if self.info.accepted is None else self.info.accepted.clone())
         return state, info
 
 
