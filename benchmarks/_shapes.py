@@ -9,7 +9,7 @@ import torch
 
 from composable_ebm import AttributeClassifier, ClassifierConfig, shapes, train_classifier
 from composable_ebm.evaluation import attribute_accuracy
-from composable_ebm.persistence import load_model, save_model
+from composable_ebm.models import load_model, save_model
 from composable_ebm.runs import load_run as load_run_folder
 from composable_ebm.runs import train_recipe
 

@@ -32,7 +32,7 @@ from benchmarks._report import machine, write_section
 from benchmarks._shapes import ROOT, load_run
 from composable_ebm import compositional_accuracy
 from composable_ebm.data import SHAPES_ATTRIBUTES
-from composable_ebm.persistence import load_model
+from composable_ebm.models import load_model
 from composable_ebm.training import read_log
 
 # label, run folder, recipe

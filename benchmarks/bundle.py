@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._shapes import ATTRIBUTES, ROOT
-from composable_ebm.persistence import BUNDLED_DIR, load_model, save_model
+from composable_ebm.models import BUNDLED_DIR, load_model, save_model
 from composable_ebm.model_cards import model_card, recipe_text
 from composable_ebm.recipes import load_recipe
 from composable_ebm.training import read_log

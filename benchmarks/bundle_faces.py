@@ -35,7 +35,7 @@ from benchmarks.faces import ATTRIBUTES, HELD_OUT, alone_table
 from composable_ebm.data import FACES_ATTRIBUTES, faces
 from composable_ebm.data.faces import GENERATOR
 from composable_ebm.model_cards import model_card, recipe_text
-from composable_ebm.persistence import BUNDLED_DIR, load_model, save_model
+from composable_ebm.models import BUNDLED_DIR, load_model, save_model
 from composable_ebm.recipes import load_recipe, parse_setting
 from composable_ebm.sampling import SamplingDefaults
 from composable_ebm.accel.precision import PRECISIONS

@@ -40,7 +40,7 @@ from composable_ebm.data import SHAPES_ATTRIBUTES
 from composable_ebm.energy import value_index
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.expression import parse_expression
-from composable_ebm.persistence import BUNDLED_DIR, load_model
+from composable_ebm.models import BUNDLED_DIR, load_model
 from composable_ebm.images import save_image, to_pil
 
 ATTRIBUTES = ("shape", "color", "size", "position")

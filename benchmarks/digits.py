@@ -30,7 +30,7 @@ from composable_ebm.energy import guided
 from composable_ebm.evaluation.classifier import AttributeClassifier, fit_classifier
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.images import save_image, to_pil
-from composable_ebm.persistence import load_model
+from composable_ebm.models import load_model
 from composable_ebm.runs import load_run
 
 ROOT = Path(__file__).resolve().parents[1]

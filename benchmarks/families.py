@@ -33,7 +33,7 @@ from benchmarks._report import machine, write_section
 from benchmarks.realism import measure_model
 from composable_ebm.evaluation.realism import contact_sheet
 from composable_ebm.images import save_image, to_pil
-from composable_ebm.persistence import BUNDLED_DIR, load_model
+from composable_ebm.models import BUNDLED_DIR, load_model
 from composable_ebm.training import read_log
 
 ROOT = Path(__file__).resolve().parents[1]

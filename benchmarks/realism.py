@@ -31,7 +31,7 @@ from benchmarks._shapes import load_run
 from composable_ebm import shapes
 from composable_ebm.evaluation.conditional import max_deviation, value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism
-from composable_ebm.persistence import load_model
+from composable_ebm.models import load_model
 from composable_ebm.images import save_image, to_pil
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from benchmarks._report import machine, shown, write_section
 from benchmarks._shapes import ROOT, snapshot_path
 from benchmarks.realism import measure_model
-from composable_ebm.persistence import load_model
+from composable_ebm.models import load_model
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 from composable_ebm.training import load_checkpoint, read_log
 

@@ -7,7 +7,7 @@ Grammar (lowest precedence first)::
     product := NUMBER '*' product | factor ('*' NUMBER | '/' NUMBER)*
     factor  := MODEL ['[' attr=value (',' attr=value)* ']'] | '(' expr ')' | 'guided(' sum ')'
 
-``MODEL`` is anything `composable_ebm.persistence.load_model` accepts (a folder, a bundled
+``MODEL`` is anything `composable_ebm.models.load_model` accepts (a folder, a bundled
 name, ``org/name`` or ``org/name@revision``). A ``-`` or ``/`` inside a name belongs to the name (paths, Hub ids), so
 write the minus and division operators with spaces around them. Each model is loaded once, however often it appears.
 ``guided(a + b - 0.5 * c)`` is the guided form of a sum of conditioned models (`composable_ebm.energy.guided`), each

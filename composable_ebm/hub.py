@@ -1,8 +1,8 @@
 """The Hugging Face Hub: find a model's files (the local cache first, then a bounded download) and upload them.
 
-This module moves files only: what a model folder holds and how it is checked and loaded is
-`composable_ebm.persistence`, the layer above, which resolves ``org/name[@revision]`` through
-`hub_snapshot` and pushes through `upload_folder`.
+This module moves files only: how a model folder is checked and loaded is `composable_ebm.persistence`, and
+`composable_ebm.models`, the layer above both, resolves ``org/name[@revision]`` through `hub_snapshot` and pushes
+through `upload_folder`.
 
 Hub names load from the local cache without touching the network; only an uncached model (or
 ``refresh=True``) is downloaded (`download_snapshot`). Every network wait is bounded: connecting and
@@ -26,11 +26,8 @@ from typing import Any
 from composable_ebm.atomic import write_atomic
 from composable_ebm.configs import MAX_CONFIG_BYTES, MAX_PARAMETERS, load_json
 from composable_ebm.errors import HubUnavailableError, InvalidInputError, ModelNotFoundError, ModelFileError
+from composable_ebm.folders import CARD_NAME, CONFIG_NAME, MODEL_FILES, WEIGHTS_NAME
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-CARD_NAME = "README.md"
-MODEL_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME)
 """The files of a model repository; nothing else is downloaded or uploaded."""
 MAX_DOWNLOAD_BYTES = 8 * MAX_PARAMETERS + MAX_CONFIG_BYTES
 """Largest file downloaded from the Hub (the largest weights file a model may have, in float64)."""
@@ -370,7 +367,7 @@ def upload_folder(folder: str | Path, repo_id: str, revision: str | None = None,
 
     Creates the repository (and the branch ``revision``) if needed; the token comes from the usual places
     (``HF_TOKEN``, ``hf auth login``) unless given. A generated card's usage line is rewritten to load from
-    the repository. The folder is not checked here: `composable_ebm.persistence.push_folder` loads it first.
+    the repository. The folder is not checked here: `composable_ebm.models.push_folder` loads it first.
     """
     httpx = _http_library()
     from huggingface_hub import HfApi

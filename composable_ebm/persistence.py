@@ -1,15 +1,14 @@
-"""Save and load models as ``config.json`` + ``model.safetensors`` (strict, nothing pickled).
+"""The model folder's format: ``config.json`` + ``model.safetensors`` (+ ``README.md``), written whole or not at all
+and read strictly (nothing pickled).
 
-``config.json`` holds the model type, its typed config and, for energies, the model's sampling defaults
-(`composable_ebm.sampling.SamplingDefaults`, key ``"sampler"``), so ``load(...).sample(n)`` uses the settings the
-model was trained for.
+``config.json`` holds the model type (`composable_ebm.model_types`), its typed config, the version that wrote it
+and, opaque here, the model's sampling defaults (``"sampler"``) and ``"extra"``: `composable_ebm.models` (the layer
+above: where models come from, their cards and their sampling defaults) fills and reads them. This module knows no
+network class, no Hub, no card and no sampler.
 
-A network class becomes savable by registering its type name (`register`) and mixing in
-`Pretrained` (``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``, the names of
-huggingface_hub's ``ModelHubMixin``). This module sits below the networks and names none of them:
-the package's own types are found through the ``composable_ebm.model_types`` entry points
-(pyproject.toml), so a model loads whichever modules were imported before, and another package can
-add types the same way.
+A network class becomes savable by registering its type name (`composable_ebm.model_types.register`) and mixing in
+`Pretrained` (``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``, the names of huggingface_hub's
+``ModelHubMixin``), whose methods reach `composable_ebm.models` when called.
 
 Saving replaces a model folder whole or not at all: the new folder is written beside the old
 one (``.NAME.new-PID-*``) and swapped in by two renames; if a process dies between them, the next
@@ -18,9 +17,6 @@ config's types and sizes (no layer wider than `composable_ebm.configs.MAX_WIDTH`
 weights file's header against the network the config describes (built on the ``meta`` device,
 at most `MAX_PARAMETERS` elements), then that every weight is finite, then that the energy of two
 noise inputs is finite.
-
-A model is named by a folder, a bundled short name, or ``org/name[@revision]`` on the Hugging Face
-Hub, which `composable_ebm.hub` (the layer below) finds in the local cache or downloads.
 """
 
 from __future__ import annotations
@@ -32,10 +28,8 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -45,77 +39,35 @@ from torch import nn
 from composable_ebm._version import __version__
 from composable_ebm.atomic import fsync_file, pid_alive, shared_mode
 from composable_ebm.configs import MAX_CONFIG_BYTES, MAX_PARAMETERS, config_from_dict, config_to_dict, load_json
-from composable_ebm.energy import Energy, NoiseConditioned
+from composable_ebm.energy import Energy
 from composable_ebm.errors import InvalidInputError, ModelFileError, ModelNotFoundError, NonFiniteError
-from composable_ebm.hub import (
-    CARD_NAME,
-    CONFIG_NAME,
-    WEIGHTS_NAME,
-    cached_models,
-    check_target,
-    hub_snapshot,
-    is_repo_id,
-    looks_local,
-    model_files,
-    split_revision,
-    upload_folder,
-)
-from composable_ebm.model_cards import model_card
-from composable_ebm.sampling import LadderConfig, SamplingDefaults
+from composable_ebm.folders import CARD_NAME, CONFIG_NAME, WEIGHTS_NAME
+from composable_ebm.model_types import MODEL_TYPES, model_class
+
+if TYPE_CHECKING:  # pragma: no cover; annotations only
+    from composable_ebm.sampling import SamplingDefaults
 
 __all__ = [
-    "BUNDLED_DIR", "CARD_NAME", "CONFIG_KEYS", "CONFIG_NAME", "MAX_PARAMETERS", "WEIGHTS_NAME", "Pretrained",
-    "bundled_models", "list_models", "load_model", "model_class", "push_folder", "push_to_hub", "read_config",
-    "recover_folder", "register", "resolve_source", "save_model", "typed_configs", "weights_header",
+    "CARD_NAME", "CONFIG_KEYS", "CONFIG_NAME", "MAX_PARAMETERS", "WEIGHTS_NAME", "Pretrained", "check_new_folder",
+    "model_payload", "network_config", "read_config", "read_model", "recover_folder", "weights_header",
+    "write_model",
 ]
 
 CONFIG_KEYS = ("model_type", "config", "composable_ebm_version", "sampler", "extra")
 """The keys a ``config.json`` may hold; any other is an error."""
-ENTRY_POINT_GROUP = "composable_ebm.model_types"
-"""The entry-point group naming the savable classes: ``model_type = "module:Class"``."""
-BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
-
-_REGISTRY: dict[str, type] = {}
-M = TypeVar("M", bound=type)
-
-
-def register(model_type: str) -> Callable[[M], M]:
-    """Class decorator: ``@register("resnet_energy")`` saves the class under that ``model_type``.
-
-    The class takes one typed config (its ``config_class``, stored as ``self.config``); one name per class.
-    """
-
-    def add(cls: M) -> M:
-        if not isinstance(getattr(cls, "config_class", None), type):
-            raise TypeError(f"{cls.__name__} needs a config_class (the config dataclass its constructor takes)")
-        known = _REGISTRY.get(model_type)
-        if known is not None and known.__qualname__ != cls.__qualname__:
-            raise ValueError(f"model_type {model_type!r} is taken by {known.__name__}")
-        _REGISTRY[model_type] = cls
-        cls.model_type = model_type
-        return cls
-
-    return add
-
-
-def model_class(model_type: str, where: str = "") -> type:
-    """The class registered as ``model_type``, importing the module its entry point names if need be."""
-    if model_type not in _REGISTRY:
-        points = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-        if model_type in points:
-            points[model_type].load()  # the module registers its classes as it is imported
-        if model_type not in _REGISTRY:
-            known = sorted(set(_REGISTRY) | set(points))
-            raise ModelFileError(f"{where}unknown model_type {model_type!r}; known types: {known}")
-    return _REGISTRY[model_type]
-
 
 def _model_type(model: nn.Module) -> str:
     name = getattr(type(model), "model_type", None)
-    if name is None or _REGISTRY.get(name) is not type(model):
-        raise TypeError(f"cannot save a {type(model).__name__}; savable types: {sorted(c.__name__ for c in _REGISTRY.values())}")
+    if name is None or name not in MODEL_TYPES or MODEL_TYPES.get(name) is not type(model):
+        raise TypeError(f"cannot save a {type(model).__name__}; savable types: {MODEL_TYPES.names()}")
     return name
+
+
+def model_payload(model: nn.Module) -> dict[str, Any]:
+    """What ``config.json`` holds of ``model`` itself: its type, config and the version writing it."""
+    return {"model_type": _model_type(model), "config": config_to_dict(model.config),
+            "composable_ebm_version": __version__}
 
 
 INPUT_KEY = "composable_ebm.input"
@@ -163,39 +115,10 @@ def write_weights(state: dict[str, torch.Tensor], path: Path, metadata: dict[str
     path.write_bytes(save(state, metadata=metadata))
 
 
-def model_payload(model: nn.Module) -> dict[str, Any]:
-    """What ``config.json`` holds for ``model``: its type, config, version and (energies) sampling defaults."""
-    payload: dict[str, Any] = {
-        "model_type": _model_type(model),
-        "config": config_to_dict(model.config),
-        "composable_ebm_version": __version__,
-    }
-    if isinstance(model, Energy):
-        defaults = getattr(model, "sampling_defaults", None)
-        if defaults is not None and isinstance(defaults.sampler, LadderConfig) != isinstance(model, NoiseConditioned):
-            wanted = "a LadderConfig" if isinstance(model, NoiseConditioned) else "a SamplerConfig"
-            raise InvalidInputError(f"{model.name}'s sampling_defaults hold a {type(defaults.sampler).__name__}, which"
-                                    f" its family does not sample with; valid choices: {wanted}")
-        payload["sampler"] = defaults.to_flat() if defaults is not None else None
-    return payload
-
-
-def model_from_payload(path: Path) -> nn.Module:
-    """A freshly initialised model as the ``config.json``-format file at ``path`` describes it (no weights read)."""
-    payload = read_config(path.parent, path)
-    config, sampler = typed_configs(path.parent, payload, path)
-    try:
-        model = model_class(payload["model_type"])(config)
-    except ValueError as err:
-        raise ModelFileError(f"{path}: {err}") from err
-    if isinstance(model, Energy):
-        model.sampling_defaults = sampler
-    return model
-
-
-def save_model(model: nn.Module, folder: str | Path, card: str | None = None, extra: dict[str, Any] | None = None,
-               *, overwrite: bool = True) -> Path:
-    """Write ``config.json``, ``model.safetensors`` (and ``README.md`` if a model card is given).
+def write_model(model: nn.Module, folder: str | Path, payload: dict[str, Any], card: str | None = None, *,
+                overwrite: bool = True) -> Path:
+    """Write ``config.json`` (``payload``: `model_payload` and the keys of the layer above), ``model.safetensors``
+    (and ``README.md`` if a card is given).
 
     The folder is replaced whole by an atomic swap: a failure at any point leaves the previous folder as it was.
     Other files in it stay, linked into the new folder (hard links: nothing is copied, so no second copy's space is
@@ -203,14 +126,14 @@ def save_model(model: nn.Module, folder: str | Path, card: str | None = None, ex
     ``overwrite=False`` refuses a folder that exists and is not empty (`check_new_folder`): the command line's
     ``--out`` without ``--overwrite``.
     """
+    unknown = sorted(set(payload) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"config.json keys {unknown} are not in its format; valid keys: {list(CONFIG_KEYS)}")
     folder = Path(folder)
     if not overwrite:
         check_new_folder(folder)
     if folder.is_symlink():
         folder = folder.resolve()
-    payload = model_payload(model)
-    if extra:
-        payload["extra"] = extra
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     folder.parent.mkdir(parents=True, exist_ok=True)
     recover_folder(folder)
@@ -335,17 +258,12 @@ def read_config(folder: str | Path, path: str | Path | None = None) -> dict[str,
     return payload
 
 
-def typed_configs(folder: Path, payload: dict[str, Any],
-                  path: Path | None = None) -> tuple[Any, SamplingDefaults | None]:
-    """The network config and sampling defaults of a ``config.json`` payload, type- and range-checked."""
-    cls = model_class(payload["model_type"])
+def network_config(payload: dict[str, Any], path: Path) -> Any:
+    """The typed network config of a ``config.json`` payload (read from ``path``), type- and range-checked."""
     try:
-        config = config_from_dict(cls.config_class, payload["config"])
-        sampler = (SamplingDefaults.from_flat(payload["sampler"], ladder=issubclass(cls, NoiseConditioned), saved=True)
-                   if payload.get("sampler") is not None else None)
+        return config_from_dict(model_class(payload["model_type"]).config_class, payload["config"])
     except InvalidInputError as err:
-        raise ModelFileError(f"{path or folder / CONFIG_NAME}: {err}") from err
-    return config, sampler
+        raise ModelFileError(f"{path}: {err}") from err
 
 
 _ITEM_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4,
@@ -427,35 +345,12 @@ def _check_weights(path: Path, skeleton: nn.Module, header: dict[str, tuple[tupl
         raise ModelFileError(f"{path}: weights do not match {CONFIG_NAME} ({'; '.join(problems)})")
 
 
-def load_model(source: str | Path, device: torch.device | str = "cpu", revision: str | None = None,
-               refresh: bool = False, *, force_download: bool = False, local_files_only: bool = False,
-               token: str | bool | None = None, cache_dir: str | Path | None = None) -> nn.Module:
-    """Load a saved model from a folder, a bundled short name, or the Hugging Face Hub as ``"org/name"``.
-
-    Everything is checked before the network is built (see the module docstring); weights are
-    matched strictly. Errors are `CebmError` with one line that names the file.
-
-    The Hub options mean what they mean in huggingface_hub: ``force_download`` asks the Hub for the
-    newest revision and downloads again even when the model is cached (``refresh`` is the same),
-    ``local_files_only`` never uses the network, ``token`` authenticates (default: ``HF_TOKEN`` or the
-    saved login), ``cache_dir`` replaces the Hub cache folder.
-    """
-    folder = resolve_source(source, revision, refresh or force_download, local_files_only=local_files_only,
-                            token=token, cache_dir=cache_dir)
-    try:
-        return _load_folder(folder, device)
-    except (ModelFileError, NonFiniteError) as err:
-        if not isinstance(source, Path) and is_repo_id(split_revision(str(source), revision)[0]) and \
-                not looks_local(str(source)):  # a damaged cached download: say how to fetch it again
-            raise type(err)(f"{err} (a cached download: --refresh, or refresh=True, downloads it again)") from err
-        raise
-
-
-def _load_folder(folder: Path, device: torch.device | str) -> nn.Module:
-    """Load a resolved model folder, checking everything before the network is built."""
+def read_model(folder: Path, device: torch.device | str = "cpu") -> tuple[nn.Module, dict[str, Any]]:
+    """The model saved in ``folder`` and its ``config.json`` payload (whose ``"sampler"`` and ``"extra"`` the layer
+    above reads), everything checked before the network is built."""
     payload = read_config(folder)
     model_cls = model_class(payload["model_type"])
-    config, sampler = typed_configs(folder, payload)
+    config = network_config(payload, folder / CONFIG_NAME)
     try:
         with torch.device("meta"):
             skeleton = model_cls(config)
@@ -478,13 +373,9 @@ def _load_folder(folder: Path, device: torch.device | str) -> nn.Module:
     model = model_cls(config)
     model.load_state_dict(state, strict=True)
     model = model.to(device).eval()
-    card = folder / CARD_NAME
-    if card.is_file() and not card.is_symlink() and card.stat().st_size <= MAX_CONFIG_BYTES:
-        model.card = card.read_text(encoding="utf-8", errors="replace")  # a push keeps it (license, results)
     if isinstance(model, Energy):
-        model.sampling_defaults = sampler
         _probe(model, weights)
-    return model
+    return model, payload
 
 
 def _probe(model: Energy, weights: Path) -> None:
@@ -498,92 +389,15 @@ def _probe(model: Energy, weights: Path) -> None:
         raise NonFiniteError(f"{weights}: the weights are finite but give non-finite energies on noise inputs")
 
 
-def bundled_models() -> list[str]:
-    """Short names of the models shipped inside the package (``load("shapes-color")``)."""
-    if not BUNDLED_DIR.is_dir():
-        return []
-    return sorted(p.name for p in BUNDLED_DIR.iterdir() if (p / CONFIG_NAME).is_file())
-
-
-def list_models() -> list[dict[str, Any]]:
-    """The models `load_model` finds without a download: the bundled short names, then the
-    composable_ebm models in the local Hub cache (``org/name``, or ``org/name@rev`` for a revision other
-    than main), each ``{"name", "source", "type", "attributes"}``. A cached model whose ``config.json``
-    cannot be read is listed with an ``"error"`` instead of being left out."""
-    rows = [{"name": name, "source": "bundled", **_summary(BUNDLED_DIR / name)} for name in bundled_models()]
-    rows += [{"name": name, "source": f"hub cache ({snapshot})", **_summary(snapshot)} for name, snapshot in cached_models()]
-    return rows
-
-
-def _summary(folder: Path) -> dict[str, Any]:
-    try:
-        payload = read_config(folder)
-    except (ModelFileError, ModelNotFoundError) as err:
-        return {"type": None, "attributes": {}, "error": str(err)}
-    attributes = payload["config"].get("attributes", {}) if isinstance(payload.get("config"), dict) else {}
-    return {"type": payload["model_type"], "attributes": {a: list(v) for a, v in attributes.items()}}
-
-
-def resolve_source(source: str | Path, revision: str | None = None, refresh: bool = False, *,
-                   local_files_only: bool = False, token: str | bool | None = None,
-                   cache_dir: str | Path | None = None) -> Path:
-    """The folder of a model: a local folder as is; a bundled model's short name; ``"org/name"`` from
-    the local Hub cache, or downloaded when not cached (or when ``refresh``; see `load_model`)."""
-    text = str(source)
-    if not isinstance(source, Path):
-        text, revision = split_revision(text, revision)
-    if isinstance(source, Path) or looks_local(text):
-        if revision is not None:
-            raise InvalidInputError(f"{text} is a local folder, which has no revisions (got {revision!r}); revisions"
-                                    " name Hub models, org/name@revision")
-        path = Path(text).expanduser()
-        recover_folder(path)  # a save that died between its renames leaves the old folder beside
-        if not path.is_dir():
-            raise ModelNotFoundError(f"no model folder at {path}")
-        return path
-    if text in bundled_models():
-        if revision is not None:
-            raise InvalidInputError(f"{text} is a bundled model, which has one version (got revision {revision!r});"
-                                    " revisions name Hub models, org/name@revision")
-        return BUNDLED_DIR / text
-    if is_repo_id(text):
-        return hub_snapshot(text, revision, refresh, local_files_only, token, cache_dir)
-    raise ModelNotFoundError(
-        f"'{text}' is neither a model folder, a bundled model ({', '.join(bundled_models()) or 'none installed'})"
-        " nor a Hub repository id ('org/name')"
-    )
-
-
-def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, private: bool = False,
-                token: str | None = None, commit_message: str | None = None) -> str:
-    """Publish a saved model folder, checked by loading it first (never publish what would not load);
-    returns the commit's URL. See `composable_ebm.hub.upload_folder`."""
-    check_target(repo_id, revision)  # before the load: a bad name is refused at once
-    model_files(Path(folder))  # links and non-files refused before anything is read
-    load_model(Path(folder))
-    return upload_folder(folder, repo_id, revision, private, token, commit_message)
-
-
-def push_to_hub(model: nn.Module, repo_id: str, revision: str | None = None, private: bool = False,
-                token: str | None = None, commit_message: str | None = None, card: str | None = None) -> str:
-    """Publish a model to the Hugging Face Hub as ``config.json``, ``model.safetensors`` and its card.
-
-    Creates the repository (and the branch ``revision``) if needed; the token comes from the usual
-    places (``HF_TOKEN``, ``hf auth login``) unless given. Returns the commit's URL.
-    """
-    with tempfile.TemporaryDirectory() as tmp:
-        at = f"{repo_id}@{revision}" if revision and revision != "main" else repo_id
-        if card is None:  # the card the model was loaded with, every field kept (its usage line is rewritten)
-            card = getattr(model, "card", None) or model_card(model, repo_id=at)
-        folder = save_model(model, Path(tmp) / "model", card=card)
-        return push_folder(folder, repo_id, revision, private, token, commit_message)
 
 
 P = TypeVar("P", bound="Pretrained")
 
 
 class Pretrained:
-    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for a registered class (`register`).
+    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for a registered class
+    (`composable_ebm.model_types.register`): each is `composable_ebm.models`'s, imported when called (the one
+    documented reach of this module into the layer above, as ``Energy.sample`` reaches the pipeline).
 
     An energy among them carries ``sampling_defaults`` (`SamplingDefaults`, ``None`` until set): the settings it
     was trained for, saved in its ``config.json`` and read by the sampling pipeline.
@@ -594,43 +408,24 @@ class Pretrained:
 
     def save_pretrained(self, folder: str | Path, card: str | None = None) -> Path:
         """Save as ``config.json`` + ``model.safetensors`` with a model card (default: the card it was loaded with,
-        else a generated one)."""
-        if card is None:
-            card = self.card or model_card(self, location=str(folder))
-        return save_model(self, folder, card=card)
+        else a generated one): `composable_ebm.models.save_pretrained`."""
+        from composable_ebm.models import save_pretrained
+
+        return save_pretrained(self, folder, card)
 
     def push_to_hub(self, repo_id: str, revision: str | None = None, private: bool = False,
                     token: str | None = None, commit_message: str | None = None) -> str:
-        """Publish to the Hugging Face Hub (see `push_to_hub`); returns the commit URL."""
+        """Publish to the Hugging Face Hub (`composable_ebm.models.push_to_hub`); returns the commit URL."""
+        from composable_ebm.models import push_to_hub
+
         return push_to_hub(self, repo_id, revision=revision, private=private, token=token,
                            commit_message=commit_message)
 
     @classmethod
     def from_pretrained(cls: type[P], name_or_path: str | Path, revision: str | None = None,
-                        device: torch.device | str | None = None, *, token: str | bool | None = None,
-                        cache_dir: str | Path | None = None, force_download: bool = False,
-                        local_files_only: bool = False, map_location: torch.device | str | None = None,
-                        subfolder: str | None = None, **unsupported: Any) -> P:
-        """Load a saved model of this class: a folder, a bundled name or ``org/name[@revision]``.
+                        device: torch.device | str | None = None, **options: Any) -> P:
+        """Load a saved model of this class: a folder, a bundled name or ``org/name[@revision]``
+        (`composable_ebm.models.from_pretrained`, which names the Hub options it takes)."""
+        from composable_ebm.models import from_pretrained
 
-        ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``map_location`` (the device, as
-        ``device``) and ``subfolder`` (of a local folder) mean what they mean in huggingface_hub's
-        ``ModelHubMixin.from_pretrained`` (see `load_model`); any other keyword (``proxies``, say) is one line
-        naming the ones taken."""
-        if unsupported:
-            names = ", ".join(sorted(unsupported))
-            advice = " (set HTTPS_PROXY in the environment instead)" if "proxies" in unsupported else ""
-            raise InvalidInputError(f"from_pretrained takes no {names}{advice}; it takes revision, device or"
-                                    " map_location, token, cache_dir, force_download, local_files_only, subfolder")
-        if device is not None and map_location is not None and torch.device(device) != torch.device(map_location):
-            raise InvalidInputError(f"device={device!r} and map_location={map_location!r} disagree; give one")
-        if subfolder:
-            if is_repo_id(str(name_or_path)) and not looks_local(str(name_or_path)):
-                raise InvalidInputError(f"subfolder={subfolder!r}: a Hub model here is the repository's root files"
-                                        " (config.json, model.safetensors); download the repository and load the folder")
-            name_or_path = Path(name_or_path) / subfolder
-        model = load_model(name_or_path, device=device or map_location or "cpu", revision=revision, token=token,
-                           cache_dir=cache_dir, force_download=force_download, local_files_only=local_files_only)
-        if not isinstance(model, cls):
-            raise TypeError(f"{name_or_path} holds a {type(model).__name__}, not a {cls.__name__}")
-        return model
+        return from_pretrained(cls, name_or_path, revision, device, **options)

@@ -2,7 +2,8 @@
 
 A recipe has four tables::
 
-    [model]      # type = a registered network (`NETWORKS`: "resnet" (default), "mlp"); preset = one of its presets;
+    [model]      # type = a registered network (`network_names`: "resnet" (default), "mlp", "denoising-unet");
+                 # preset = one of its presets;
                  # any field of its config
     [data]       # dataset = a registered dataset (`DATASETS`: "shapes", "digits", "folder", "cifar10", "toy2d"), that
                  # dataset's settings, and attributes = what the model conditions on
@@ -40,7 +41,7 @@ from composable_ebm.configs import config_from_dict
 from composable_ebm.data import DATASETS, DataConfig, ImageDataset
 from composable_ebm.energy import Energy, NoiseConditioned
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.nets import NETWORKS
+from composable_ebm.model_types import network_class, network_names
 from composable_ebm.sampling import SamplingDefaults
 from composable_ebm.training import TrainerConfig
 
@@ -101,8 +102,8 @@ def load_recipe(path: str | Path, settings: Sequence[str] = ()) -> Recipe:
         model = dict(raw.get("model", {}))
         model_type = model.pop("type", "resnet")
         if not isinstance(model_type, str):
-            raise InvalidInputError(f"[model] type must be a network name; valid choices: {NETWORKS.names()}")
-        network = NETWORKS.get(model_type, "[model] ")
+            raise InvalidInputError(f"[model] type must be a network name; valid choices: {network_names()}")
+        network = network_class(model_type, "[model] ")
         data = data_config(raw.get("data", {}))
         trainer_table = dict(raw.get("trainer", {}))
         if "seed" not in trainer_table:
@@ -132,7 +133,7 @@ def data_config(table: dict[str, Any]) -> DataConfig:
 
 def model_config(model_type: str, settings: dict[str, Any]) -> Any:
     """The typed, range-checked config of a recipe's [model] table (a preset, then its overrides)."""
-    cls = NETWORKS.get(model_type, "[model] ")
+    cls = network_class(model_type, "[model] ")
     settings = dict(settings)
     presets = getattr(cls, "presets", {})
     preset = settings.pop("preset", None)
@@ -205,7 +206,7 @@ def _build_model(recipe: Recipe, attributes: dict[str, tuple[str, ...]] | None,
                  shape: tuple[int, ...] | None) -> Energy:
     """The network with the config fields the data decides (where the config has them): attributes, the null
     condition (label dropout), input channels and image size."""
-    cls = NETWORKS.get(recipe.model_type)
+    cls = network_class(recipe.model_type)
     config = model_config(recipe.model_type, recipe.model)
     fields = {f.name for f in dataclasses.fields(config)}
     decided: dict[str, Any] = {}

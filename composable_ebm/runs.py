@@ -70,7 +70,7 @@ def _start_from(trainer: Any, source: str | Path, allow_config_change: bool = Fa
     they are may differ (a new input transform fine-tuned from trained weights), and the differences are
     returned, ``["field: theirs against ours", ...]``."""
     from composable_ebm.configs import config_to_dict
-    from composable_ebm.persistence import load_model
+    from composable_ebm.models import load_model
 
     model = load_model(source)
     weights, own = model.state_dict(), trainer.energy.state_dict()
@@ -191,7 +191,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     from tqdm.auto import tqdm
 
     from composable_ebm.evaluation import plot_training_health
-    from composable_ebm.persistence import save_model
+    from composable_ebm.models import save_model
     from composable_ebm.model_cards import model_card, recipe_text
     from composable_ebm.recipes import build_dataset, build_model, load_recipe
     from composable_ebm.training import DenoisingConfig, Trainer, init_distributed, read_log
@@ -323,7 +323,7 @@ def _write_network(model: Any, path: Path, spec: Any) -> None:
     import json
 
     from composable_ebm.atomic import write_atomic
-    from composable_ebm.persistence import model_payload
+    from composable_ebm.models import model_payload
 
     text = json.dumps({**model_payload(model), "extra": {"data": _data_settings(spec)}}, indent=2)
     write_atomic(path, lambda tmp: Path(tmp).write_text(text))
@@ -383,7 +383,7 @@ def _check_recipe_unchanged(path: Path, model: Any, spec: Any, allow: bool, say:
 def checkpoint_model(run: str | Path, recipe: str | Path | None = None, device: torch.device | str = "cpu") -> Any:
     """The EMA model of a run's latest checkpoint, built from the run's ``network.json`` (or, for a run without
     one, from ``recipe``'s network, whose shapes the config decides without building the data)."""
-    from composable_ebm.persistence import model_from_payload
+    from composable_ebm.models import model_from_payload
     from composable_ebm.recipes import build_model_from_shapes, load_recipe
     from composable_ebm.training import Trainer, load_checkpoint
 
@@ -413,7 +413,8 @@ def export_run(run: str | Path, out: str | Path | None = None, recipe: str | Pat
     or killed run's model, without resuming it. A folder that exists and is not empty is refused unless
     ``overwrite`` (then its model files are replaced and the rest stays)."""
     from composable_ebm.model_cards import model_card
-    from composable_ebm.persistence import check_new_folder, save_model
+    from composable_ebm.persistence import check_new_folder
+    from composable_ebm.models import save_model
 
     run = Path(run)
     target = Path(out) if out is not None else run / "model"
@@ -428,7 +429,7 @@ def export_run(run: str | Path, out: str | Path | None = None, recipe: str | Pat
 def load_run(run: str | Path, recipe: str | Path | None = None, device: torch.device | str = "cpu") -> Any:
     """The EMA model of a run folder: ``run/model`` when training finished; else the EMA weights of its latest
     checkpoint (`checkpoint_model`; ``recipe`` for a run without ``network.json``)."""
-    from composable_ebm.persistence import load_model
+    from composable_ebm.models import load_model
 
     run = Path(run)
     if (run / "model" / "config.json").is_file():

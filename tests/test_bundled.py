@@ -15,7 +15,7 @@ import composable_ebm as cebm
 from composable_ebm.cli import app
 from composable_ebm.data import FACES_ATTRIBUTES, SHAPES_ATTRIBUTES, faces
 from composable_ebm.energy import value_index
-from composable_ebm.persistence import BUNDLED_DIR, bundled_models
+from composable_ebm.models import BUNDLED_DIR, bundled_models
 
 ATTRIBUTE_MODELS = {"shapes-shape": "shape", "shapes-color": "color", "shapes-size": "size",
                     "shapes-position": "position", "faces-smiling": "smiling", "faces-glasses": "glasses",

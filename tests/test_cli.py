@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from composable_ebm.cli import app
 from composable_ebm.evaluation import AttributeClassifier, ClassifierConfig
 from composable_ebm.expression import parse_expression
-from composable_ebm.persistence import load_model, save_model
+from composable_ebm.models import load_model, save_model
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,9 +116,9 @@ def test_plot_info_and_eval(trained, tmp_path):
     invoke("plot", trained / "color", "-o", tmp_path / "h.png")
     assert (tmp_path / "h.png").is_file()
     info = json.loads(invoke("info", trained / "color" / "model", "--json").output)
-    assert info["model_type"] == "resnet_energy" and info["config"]["attributes"] == {"color": ["red", "green", "blue"]}
+    assert info["model_type"] == "resnet" and info["config"]["attributes"] == {"color": ["red", "green", "blue"]}
     table = invoke("info", trained / "color" / "model").output
-    assert "attribute color" in table and "red, green, blue" in table and "resnet_energy" in table
+    assert "attribute color" in table and "red, green, blue" in table and "resnet" in table
     torch.manual_seed(0)
     clf = AttributeClassifier(ClassifierConfig(image_size=8, width=8, attributes={"color": ("red", "green", "blue")}))
     save_model(clf, tmp_path / "clf")
@@ -420,7 +420,7 @@ def test_list_threads_and_push_token(tmp_path, monkeypatch):
     result = runner.invoke(app, ["list", "--json"])
     rows = {r["name"]: r for r in json.loads(result.output)}
     assert rows["shapes-color"]["attributes"] == {"color": ["red", "green", "blue"]}
-    assert rows["someorg/toy@v1"]["type"] == "mlp_energy" and rows["shapes-color"]["source"] == "bundled"
+    assert rows["someorg/toy@v1"]["type"] == "mlp" and rows["shapes-color"]["source"] == "bundled"
     assert "shapes-classifier" in runner.invoke(app, ["list"]).output
     # --threads sets torch's thread count for the command
     before = torch.get_num_threads()

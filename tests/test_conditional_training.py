@@ -171,7 +171,7 @@ def test_an_energy_that_overrides_forward_is_refused():
 @pytest.fixture(scope="module")
 def shapes_classifier() -> AttributeClassifier:
     """The bundled Shapes classifier (every attribute of 16-px Shapes read right >= 0.99)."""
-    from composable_ebm.persistence import load_model
+    from composable_ebm.models import load_model
 
     return load_model("shapes-classifier")
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import composable_ebm as cebm
 from composable_ebm.cli import app
 from composable_ebm.evaluation import compositional_accuracy
-from composable_ebm.persistence import load_model
+from composable_ebm.models import load_model
 from tests.test_cli import TINY_RECIPE
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -268,7 +268,7 @@ def test_the_family_trains_saves_loads_composes_and_samples_through_the_same_com
     assert result.exit_code == 0, result.output
     folder = tmp_path / "run" / "model"
     config = json.loads((folder / "config.json").read_text())
-    assert config["model_type"] == "denoising_unet_energy"  # the model config names its family
+    assert config["model_type"] == "denoising-unet"  # the model config names its family
     assert config["sampler"]["levels"] == 3 and "noise" not in config["sampler"]
     model = cebm.load(str(folder))
     assert model.noise_conditioned and model.sampling_defaults.sampler.levels == 3

@@ -32,7 +32,7 @@ from composable_ebm.evaluation import (
     plot_training_health,
     train_classifier,
 )
-from composable_ebm.persistence import load_model, save_model
+from composable_ebm.models import load_model, save_model
 from composable_ebm.images import save_image_grid
 from composable_ebm.sampling import AugmentConfig
 from tests.conftest import settings, tiny_config
@@ -57,7 +57,7 @@ def test_attribute_classifier_exceeds_98_percent_on_unseen_shapes_images(trained
 @pytest.fixture(scope="module")
 def bundled_classifier():
     """The bundled Shapes classifier: reads 16-px Shapes, no training needed."""
-    from composable_ebm.persistence import load_model
+    from composable_ebm.models import load_model
 
     return load_model("shapes-classifier")
 
@@ -78,7 +78,7 @@ def test_classifier_round_trips_through_config_and_safetensors(bundled_classifie
     loaded = load_model(tmp_path / "clf")
     x = shapes(20, 16, seed=9).images
     torch.testing.assert_close(loaded(x)["shape"], bundled_classifier(x)["shape"])
-    assert json.loads((tmp_path / "clf" / "config.json").read_text())["model_type"] == "attribute_classifier"
+    assert json.loads((tmp_path / "clf" / "config.json").read_text())["model_type"] == "attribute-classifier"
 
 
 def test_auroc_of_perfect_random_and_inverted_scorers():
@@ -211,7 +211,7 @@ def test_energy_models_round_trip_with_their_sampler_settings(tmp_path):
 def test_realism_scores_fresh_renders_near_the_floor_and_noise_far_above_it():
     """FID ratio ~1 and HF ratio ~1 for real images; speckled images score far higher on both."""
     from composable_ebm.evaluation.realism import contact_sheet, high_frequency_energy, realism
-    from composable_ebm.persistence import load_model
+    from composable_ebm.models import load_model
 
     classifier = load_model("shapes-classifier").eval()
     reference = shapes(400, 16, seed=10, split="all").images

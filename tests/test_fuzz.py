@@ -20,7 +20,8 @@ import torch
 
 from composable_ebm import MLPConfig, MLPEnergy
 from composable_ebm.errors import CebmError
-from composable_ebm.persistence import CONFIG_NAME, WEIGHTS_NAME, load_model, save_model
+from composable_ebm.persistence import CONFIG_NAME, WEIGHTS_NAME
+from composable_ebm.models import load_model, save_model
 from composable_ebm.nets import ResNetEnergy
 from composable_ebm.recipes import load_recipe
 from composable_ebm.sampling import SamplerConfig

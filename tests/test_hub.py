@@ -11,7 +11,7 @@ import pytest
 
 from composable_ebm import MLPConfig, MLPEnergy
 from composable_ebm.errors import ModelNotFoundError
-from composable_ebm.persistence import load_model, save_model
+from composable_ebm.models import load_model, save_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,10 +64,11 @@ import os, sys, json, subprocess, tempfile, torch
 import composable_ebm as c
 from composable_ebm import MLPConfig, MLPEnergy
 from composable_ebm.sampling import SamplerConfig
-from composable_ebm.training import Trainer, TrainerConfig
+from composable_ebm.training import ContrastiveConfig, Trainer, TrainerConfig
 first, second = (MLPEnergy(MLPConfig(name=n, hidden=8, depth=1)) for n in ("first", "second"))
-config = TrainerConfig(steps=3, batch_size=8, sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=2),
-                       chain_augment=None, buffer_size=32, ent_bank=4, ent_min_buffer=4)
+config = TrainerConfig(steps=3, batch_size=8,
+                       objective=ContrastiveConfig(sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=2),
+                                                   chain_augment=None, buffer_size=32, ent_bank=4, ent_min_buffer=4))
 trainer = Trainer(first, torch.randn(64, 2), config)
 trainer.fit(3)
 first = trainer.ema  # a trained model

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from composable_ebm import MLPConfig, MLPEnergy
 from composable_ebm.cli import app
 from composable_ebm.errors import HubUnavailableError, InvalidInputError, ModelNotFoundError
-from composable_ebm.persistence import CONFIG_NAME, WEIGHTS_NAME, load_model, push_folder, save_model
+from composable_ebm.persistence import CONFIG_NAME, WEIGHTS_NAME
+from composable_ebm.models import load_model, push_folder, save_model
 from tests.hub_server import HubServer, Repo
 from tests.test_reliability import _one_line_error, _SilentServer
 

@@ -30,7 +30,8 @@ from composable_ebm.errors import (
     NonFiniteError,
 )
 from composable_ebm.expression import parse_expression
-from composable_ebm.persistence import CONFIG_NAME, WEIGHTS_NAME, load_model, save_model
+from composable_ebm.persistence import CONFIG_NAME, WEIGHTS_NAME
+from composable_ebm.models import load_model, save_model
 from composable_ebm.nets import ResNetConfig, ResNetEnergy
 from composable_ebm.recipes import load_recipe
 from composable_ebm.sampling import AugmentConfig, SamplerConfig
@@ -145,6 +146,7 @@ _KILL_BETWEEN_RENAMES = """
 import os, sys
 import composable_ebm.persistence as persistence
 from composable_ebm import MLPConfig, MLPEnergy
+from composable_ebm.models import save_model
 real_rename, calls = os.rename, []
 def rename(src, dst):
     calls.append(dst)
@@ -152,7 +154,7 @@ def rename(src, dst):
         os._exit(9)
     real_rename(src, dst)
 persistence.os.rename = rename
-persistence.save_model(MLPEnergy(MLPConfig(name="v2", hidden=8, depth=1)), sys.argv[1])
+save_model(MLPEnergy(MLPConfig(name="v2", hidden=8, depth=1)), sys.argv[1])
 """
 
 
@@ -388,7 +390,7 @@ BAD_MODEL_FOLDERS = {
     "mis-shaped tensor": (lambda f: _rewrite_weights(f, lambda w: w.update({sorted(w)[0]: torch.zeros(3)})),
                           "mis-shaped: "),
     "config is a list": (lambda f: (f / CONFIG_NAME).write_text("[1, 2]"), "must hold a JSON object, got list"),
-    "config lacks config": (lambda f: (f / CONFIG_NAME).write_text('{"model_type": "resnet_energy"}'),
+    "config lacks config": (lambda f: (f / CONFIG_NAME).write_text('{"model_type": "resnet"}'),
                             "missing 'config'"),
     "wrong type in config": (lambda f: (f / CONFIG_NAME).write_text(
         (f / CONFIG_NAME).read_text().replace('"image_size": 8', '"image_size": "8"')),

@@ -17,7 +17,7 @@ import composable_ebm as cebm
 from composable_ebm import MLPConfig, MLPEnergy
 from composable_ebm.cli import app
 from composable_ebm.errors import FolderLockedError, InvalidInputError, ModelFileError, NotSavableError
-from composable_ebm.persistence import load_model, save_model
+from composable_ebm.models import load_model, save_model
 
 runner = CliRunner()
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from composable_ebm import MLPConfig, MLPEnergy
 from composable_ebm.cli import app
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.persistence import push_folder, save_model
+from composable_ebm.models import push_folder, save_model
 
 runner = CliRunner()
 
@@ -218,7 +218,7 @@ def test_a_config_edited_away_from_what_the_weights_were_saved_for_is_refused(tm
     import shutil
 
     from composable_ebm.errors import ModelFileError
-    from composable_ebm.persistence import BUNDLED_DIR, load_model
+    from composable_ebm.models import BUNDLED_DIR, load_model
 
     folder = tmp_path / "color"
     shutil.copytree(BUNDLED_DIR / "shapes-color", folder)

@@ -114,7 +114,7 @@ def test_a_damaged_cached_download_says_how_to_fetch_it_again(tmp_path, monkeypa
 
     from huggingface_hub import constants
 
-    from composable_ebm.persistence import BUNDLED_DIR
+    from composable_ebm.models import BUNDLED_DIR
 
     cache = tmp_path / "cache"
     snap = cache / "models--someorg--toy" / "snapshots" / ("a" * 40)
@@ -133,7 +133,7 @@ def test_a_damaged_cached_download_says_how_to_fetch_it_again(tmp_path, monkeypa
 def test_a_model_folder_whose_name_is_not_utf8_loads_samples_and_saves(tmp_path):
     import shutil
 
-    from composable_ebm.persistence import BUNDLED_DIR
+    from composable_ebm.models import BUNDLED_DIR
 
     name = tmp_path / b"m\xff".decode("utf-8", "surrogateescape")
     shutil.copytree(BUNDLED_DIR / "shapes-shape", name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import re
 import subprocess
 import sys
@@ -16,15 +17,21 @@ from torch import nn
 
 from composable_ebm import AttributeClassifier, ClassifierConfig, GaussianEnergy, MLPConfig, MLPEnergy
 from composable_ebm.errors import ModelFileError
-from composable_ebm.persistence import Pretrained, load_model, register
+from composable_ebm.persistence import Pretrained
+from composable_ebm.models import load_model
+from composable_ebm.model_types import register
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "composable_ebm"
 
 
-LAZY_IMPORTS = {("composable_ebm.energy", "Energy.sample_result", "composable_ebm.pipeline")}
+LAZY_IMPORTS = {("composable_ebm.energy", "Energy.sample_result", "composable_ebm.pipeline"),
+                *(("composable_ebm.persistence", f"Pretrained.{method}", "composable_ebm.models")
+                  for method in ("save_pretrained", "push_to_hub", "from_pretrained"))}
 """The imports of a higher layer made inside a function when it is called, each documented where it stands:
-``Energy.sample`` reaches the pipeline this way (DESIGN.md). Every other import counts in the graph."""
+``Energy.sample`` reaches the pipeline this way (DESIGN.md), and the `Pretrained` mixin's methods, which every
+network inherits, reach the model sources (so importing a network imports neither the Hub nor the cards). Every
+other import counts in the graph."""
 
 
 def _lazy_nodes(tree: ast.Module, module: str) -> set[int]:
@@ -104,6 +111,13 @@ def test_the_package_has_no_import_cycle():
     ("composable_ebm.hub", "composable_ebm.energy"),
     ("composable_ebm.persistence", "composable_ebm.nets"),
     ("composable_ebm.persistence", "composable_ebm.evaluation"),
+    ("composable_ebm.persistence", "composable_ebm.hub"),
+    ("composable_ebm.persistence", "composable_ebm.model_cards"),
+    ("composable_ebm.persistence", "composable_ebm.sampling"),
+    ("composable_ebm.persistence", "composable_ebm.pipeline"),
+    ("composable_ebm.persistence", "composable_ebm.models"),
+    ("composable_ebm.nets", "composable_ebm.hub"),
+    ("composable_ebm.nets", "composable_ebm.models"),
     ("composable_ebm.hub", "composable_ebm"),  # the version comes from composable_ebm._version
 ])
 def test_a_lower_layer_never_imports_a_higher_one(lower, higher):
@@ -164,8 +178,20 @@ def test_a_fresh_energy_subclass_samples_in_a_fresh_interpreter():
 
 
 @pytest.mark.subprocess
+def test_importing_a_network_imports_no_hub_card_sampler_or_pipeline():
+    code = ("import json, sys; import composable_ebm.nets.mlp; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('composable_ebm', 'huggingface_hub'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout)
+    for absent in ("huggingface_hub", "composable_ebm.hub", "composable_ebm.model_cards", "composable_ebm.models",
+                   "composable_ebm.sampling", "composable_ebm.pipeline"):
+        assert absent not in loaded, loaded
+
+
+@pytest.mark.subprocess
 def test_a_model_loads_by_its_type_name_without_its_module_imported_first():
-    code = ("import sys; from composable_ebm.persistence import load_model; "
+    code = ("import sys; from composable_ebm.models import load_model; "
             "assert 'composable_ebm.nets.resnet' not in sys.modules; "
             "m = load_model('shapes-color'); print(type(m).__module__, type(m).__name__)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -190,8 +216,8 @@ def test_only_registered_classes_save_and_the_classifier_is_one(tmp_path):
 def test_register_needs_a_config_class_and_refuses_a_taken_name(tmp_path):
     with pytest.raises(TypeError, match="needs a config_class"):
         register("no_config")(type("NoConfig", (Pretrained, nn.Module), {}))
-    with pytest.raises(ValueError, match="model_type 'mlp_energy' is taken by MLPEnergy"):
-        register("mlp_energy")(type("Other", (Pretrained, nn.Module), {"config_class": MLPConfig}))
+    with pytest.raises(ValueError, match="model_type 'mlp' is taken by MLPEnergy"):
+        register("mlp")(type("Other", (Pretrained, nn.Module), {"config_class": MLPConfig}))
 
     @dataclass(frozen=True)
     class TinyConfig:
@@ -211,8 +237,24 @@ def test_register_needs_a_config_class_and_refuses_a_taken_name(tmp_path):
     assert type(loaded) is Tiny and torch.equal(loaded.weight, torch.arange(4.0))
     config = (tmp_path / "tiny" / "config.json").read_text().replace("test_tiny", "test_unknown")
     (tmp_path / "tiny" / "config.json").write_text(config)
-    with pytest.raises(ModelFileError, match=r"unknown model_type 'test_unknown'; known types: \[.*'mlp_energy'.*\]"):
+    with pytest.raises(ModelFileError, match=r"unknown model_type 'test_unknown'; known types: \[.*'mlp'.*\]"):
         load_model(tmp_path / "tiny")
+
+
+def test_a_network_registers_once_and_folders_saved_under_the_old_names_load(tmp_path):
+    """One registry: a recipe's [model] type and config.json's model_type are the same name, the recipes build only
+    energies, and a config.json written with the names of the two registries before still loads."""
+    from composable_ebm.errors import InvalidInputError
+    from composable_ebm.model_types import MODEL_TYPES, OLD_NAMES, network_class, network_names
+
+    assert {"resnet", "mlp", "denoising-unet"} <= set(network_names()) and "attribute-classifier" not in network_names()
+    assert network_class("mlp") is MLPEnergy and MLPEnergy.model_type == "mlp" and MODEL_TYPES.get("mlp") is MLPEnergy
+    with pytest.raises(InvalidInputError, match=r"unknown network type 'attribute-classifier'; valid choices: \["):
+        network_class("attribute-classifier")
+    MLPEnergy(MLPConfig(name="old", hidden=8, depth=1)).save_pretrained(tmp_path / "old", card="a card")
+    path = tmp_path / "old" / "config.json"
+    path.write_text(path.read_text().replace('"model_type": "mlp"', '"model_type": "mlp_energy"'))
+    assert type(load_model(tmp_path / "old")) is MLPEnergy and OLD_NAMES["mlp_energy"] == "mlp"
 
 
 GENERAL_MODULES = ["energy.py", "pipeline.py", "registry.py", "configs.py", "sampling", "training", "nets",

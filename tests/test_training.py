@@ -465,7 +465,7 @@ def test_train_recipe_is_cebm_train_as_a_library_call(tmp_path):
 def test_init_starts_a_run_from_a_trained_models_weights(tmp_path):
     from composable_ebm import train_recipe
     from composable_ebm.errors import InvalidInputError
-    from composable_ebm.persistence import load_model
+    from composable_ebm.models import load_model
 
     text = ('[model]\ntype = "mlp"\nhidden = 8\ndepth = 2\nvalue_range = [-4.0, 4.0]\n[data]\ndataset = "toy2d"\n'
             'density = "8gaussians"\nn = 64\n[trainer]\nsteps = 2\nbatch_size = 8\nlog_every = 1\n'

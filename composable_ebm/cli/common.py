@@ -206,7 +206,7 @@ def _load_classifier(name: str, device: torch.device, refresh: bool = False):
 
 def _load_as(name: str, device: torch.device, refresh: bool, cls: type, message: Callable[[str], str]):
     """``load_model``, refusing a model of another kind with ``message(kind found)``."""
-    from composable_ebm.persistence import load_model
+    from composable_ebm.models import load_model
 
     model = load_model(name, device, refresh=refresh)
     if not isinstance(model, cls):
@@ -217,6 +217,6 @@ def _load_as(name: str, device: torch.device, refresh: bool, cls: type, message:
 def _load_expression(expression: str, device: torch.device, refresh: bool = False):
     """The composite energy of an expression, each named model loaded once onto ``device``."""
     from composable_ebm.expression import parse_expression
-    from composable_ebm.persistence import load_model
+    from composable_ebm.models import load_model
 
     return parse_expression(expression, lambda name: load_model(name, device, refresh=refresh))

@@ -75,7 +75,7 @@ def eval_fid(
     )
     import torch
 
-    from composable_ebm.persistence import load_model
+    from composable_ebm.models import load_model
     from composable_ebm.images import load_image_folder
 
     dev = _device(device)

@@ -22,7 +22,7 @@ def list_command(
     \b
     Example: cebm list
     """
-    from composable_ebm.persistence import list_models
+    from composable_ebm.models import list_models
 
     rows = list_models()
     if as_json:
@@ -49,7 +49,7 @@ def push(
     \b
     Example: cebm push runs/color/model my-org/shapes-color --revision v1
     """
-    from composable_ebm.persistence import push_folder
+    from composable_ebm.models import push_folder
 
     if not model_dir.is_dir():
         raise InvalidInputError(f"no model folder at {model_dir}")
@@ -82,7 +82,8 @@ def info(model: Annotated[str, typer.Argument(help="Model folder, bundled name o
     \b
     Example: cebm info shapes-color
     """
-    from composable_ebm.persistence import WEIGHTS_NAME, read_config, resolve_source, typed_configs, weights_header
+    from composable_ebm.models import resolve_source, typed_configs
+    from composable_ebm.persistence import WEIGHTS_NAME, read_config, weights_header
 
     folder = resolve_source(model, refresh=refresh)
     payload = read_config(folder)

@@ -19,7 +19,8 @@ from composable_ebm.configs import MAX_IMAGE_SIZE, MAX_WIDTH, JSONConfig, check_
 from composable_ebm.energy import value_index
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.images import as_float_images
-from composable_ebm.persistence import Pretrained, register
+from composable_ebm.model_types import register
+from composable_ebm.persistence import Pretrained
 
 if TYPE_CHECKING:  # pragma: no cover; the data layer is only named in annotations
     from composable_ebm.data.base import ImageDataset
@@ -49,7 +50,7 @@ class ClassifierConfig(JSONConfig):
         check_attributes("ClassifierConfig", self.attributes)
 
 
-@register("attribute_classifier")
+@register("attribute-classifier")
 class AttributeClassifier(Pretrained, nn.Module):
     """Three conv stages (conv, group norm, SiLU, conv, 2x pool) -> global mean -> one linear head per attribute."""
 
@@ -208,7 +209,8 @@ def fit_folder_classifier(
     """
     from composable_ebm.data.folder import attribute_folder
     from composable_ebm.model_cards import model_card
-    from composable_ebm.persistence import check_new_folder, save_model
+    from composable_ebm.persistence import check_new_folder
+    from composable_ebm.models import save_model
 
     folder, out = Path(folder), Path(out)
     if not overwrite:

@@ -1,9 +1,8 @@
 """Energy networks: the paper's ResNets (single and multiscale), a small MLP and the noise-conditioned U-Net energy,
-registered by name (`NETWORKS`),
-and the named input transforms their configs may list (`TRANSFORMS`)."""
+each registered by name (`composable_ebm.model_types.register`), and the named input transforms their configs may
+list (`TRANSFORMS`)."""
 
 from composable_ebm.nets.mlp import MLPConfig, MLPEnergy
-from composable_ebm.nets.registry import NETWORKS
 from composable_ebm.nets.resnet import (
     PAPER_32_BLOCKS,
     PAPER_128_BLOCKS,
@@ -15,7 +14,6 @@ from composable_ebm.nets.transforms import TRANSFORMS
 from composable_ebm.nets.unet import DenoisingUNetConfig, DenoisingUNetEnergy
 
 __all__ = [
-    "NETWORKS",
     "TRANSFORMS",
     "BlockSpec",
     "DenoisingUNetConfig",

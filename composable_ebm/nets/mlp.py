@@ -10,8 +10,8 @@ from torch import Tensor, nn
 
 from composable_ebm.configs import JSONConfig, check_attributes, check_size
 from composable_ebm.energy import Energy, Labels
-from composable_ebm.nets.registry import NETWORKS
-from composable_ebm.persistence import Pretrained, register
+from composable_ebm.model_types import register
+from composable_ebm.persistence import Pretrained
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,7 @@ class MLPConfig(JSONConfig):
         check_attributes("MLPConfig", self.attributes)
 
 
-@NETWORKS.register("mlp")
-@register("mlp_energy")
+@register("mlp")
 class MLPEnergy(Pretrained, Energy):
     """``x -> Linear -> Swish -> ... -> Linear -> 1``, conditioned by concatenating one-hot attributes."""
 

@@ -27,9 +27,9 @@ from composable_ebm.configs import MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSON
 from composable_ebm.energy import NULL, Energy, Labels
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.layers import AttributeCodes, Norm, ResBlock, SelfAttention, Swish, conv
-from composable_ebm.nets.registry import NETWORKS
 from composable_ebm.nets.transforms import apply, build_transforms
-from composable_ebm.persistence import Pretrained, register
+from composable_ebm.model_types import register
+from composable_ebm.persistence import Pretrained
 
 
 @dataclass(frozen=True)
@@ -277,8 +277,7 @@ class PixelSetHead(nn.Module):
         return self.out(torch.einsum("bp,bwp->bw", weights, h.flatten(2)))
 
 
-@NETWORKS.register("resnet")
-@register("resnet_energy")
+@register("resnet")
 class ResNetEnergy(Pretrained, AttributeCodes, Energy):
     """The paper's ResNet energy, optionally multiscale and attribute-conditioned (FiLM, a projection or a pixel-set
     head), with optional named input transforms before its towers."""

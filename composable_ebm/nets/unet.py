@@ -33,9 +33,9 @@ from composable_ebm.energy import Labels, NoiseConditioned, noise_levels
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.accel.derivatives import GroupNorm, silu
 from composable_ebm.nets.layers import AttributeCodes, ResBlock, Swish, conv
-from composable_ebm.nets.registry import NETWORKS
 from composable_ebm.nets.transforms import apply, build_transforms
-from composable_ebm.persistence import Pretrained, register
+from composable_ebm.model_types import register
+from composable_ebm.persistence import Pretrained
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,7 @@ def level_features(sigma: Tensor, width: int) -> Tensor:
     return F.pad(feats, (0, width - feats.shape[1]))
 
 
-@NETWORKS.register("denoising-unet")
-@register("denoising_unet_energy")
+@register("denoising-unet")
 class DenoisingUNetEnergy(Pretrained, AttributeCodes, NoiseConditioned):
     """``E(x, sigma | y) = ||f(x, sigma, y)||^2 / (2 sigma)``, a U-Net ``f``: see the module's docstring."""
 

@@ -165,7 +165,7 @@ def studio_loader(name: str, device: str = "cpu", models_root: str | Path | None
     else is one line naming those sources, the same whether or not such a path exists: the names are read as
     text, and no path outside the root is looked at."""
     from composable_ebm.hub import hub_snapshot, is_repo_id
-    from composable_ebm.persistence import bundled_models, load_model
+    from composable_ebm.models import bundled_models, load_model
 
     name = str(name).strip()
     if name in bundled_models():
@@ -218,7 +218,7 @@ def covering_classifier(models: ModelCache, energy: Any, candidates: Sequence[st
     """The first classifier (`CLASSIFIER`, then the others `list_models` finds) that reads every attribute of the
     expression's models with the same values, at the models' input shape; ``None`` when none does, and then the
     page shows the samples without readings rather than another dataset's."""
-    from composable_ebm.persistence import list_models
+    from composable_ebm.models import list_models
 
     wanted = model_attributes(energy)
     if not wanted:
@@ -344,7 +344,7 @@ def error_line(err: BaseException) -> str:
 
 def energy_models() -> list[str]:
     """The bundled and cached energy models the model lists offer (classifiers are left out)."""
-    from composable_ebm.persistence import list_models
+    from composable_ebm.models import list_models
 
     return [row["name"] for row in list_models() if row.get("type") and "classifier" not in row["type"]]
 
