@@ -17,7 +17,7 @@ import torch
 
 from benchmarks._report import machine, write_section
 from composable_ebm import studio
-from composable_ebm.sampling import resolve_config
+from composable_ebm.pipeline import plan
 
 EXPRESSION = "guided(shapes-color[color=red] + shapes-shape[shape=circle] + shapes-size[size=large])"  # the page's start
 
@@ -33,7 +33,7 @@ def main() -> None:
     models = studio.ModelCache("cpu")
     out = tempfile.mkdtemp(prefix="cebm-studio-bench-")
     studio.generate(models, EXPRESSION, n=args.n, seed=0, out_dir=out, form="plain")  # warm-up: loads the models
-    steps = resolve_config(models.energy(EXPRESSION), None, {}).total_steps
+    steps = plan(models.energy(EXPRESSION), "plain").config.total_steps
     times = [studio.generate(models, EXPRESSION, n=args.n, seed=s, out_dir=out, form="plain").seconds
              for s in range(args.repeat)]
     median, worst = statistics.median(times), max(times)

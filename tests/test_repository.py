@@ -78,3 +78,12 @@ def test_a_benchmark_section_writes_its_headline_here_and_its_whole_text_to_its_
     _report.write_section("speed", body.replace("3.2", "3.1"))
     assert "Median 3.1 s." in page.read_text() and "Written by hand." in page.read_text()
     assert (tmp_path / "benchmarks.md").read_text().count("<!-- speed -->") == 1
+
+
+def test_every_benchmark_script_imports():
+    """A script in benchmarks/ is one a user or a maintainer reruns: each imports against the package as it is."""
+    import importlib
+
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        if path.stem != "__init__":
+            importlib.import_module(f"benchmarks.{path.stem}")

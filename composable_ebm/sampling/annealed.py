@@ -174,7 +174,11 @@ def run_ladder(
     on_step: Callable[[int, ChainState, StepInfo], None] | None = None,
 ) -> Tensor:
     """Walk ``x`` down ``config``'s levels: ``steps`` transitions per level (``first_steps`` more at the first,
-    ``final_steps`` more at the last), then the denoising step and the clamp. Returns the samples."""
+    ``final_steps`` more at the last), then the denoising step and the clamp. Returns the samples.
+
+    The energy's gradient where the last transition left the chains is the one the step to the next level (and the
+    denoising step) needs: it is read from the transition's state, not evaluated again, so a level costs one
+    evaluation plus its transitions' (`evaluations`)."""
     if not energy.noise_conditioned:
         raise InvalidInputError(f"{energy.expression()} does not depend on a noise level, so a noise ladder has nothing"
                                 " to anneal; valid choices: sample it without a ladder, or compose noise-conditioned"
@@ -182,21 +186,26 @@ def run_ladder(
     step_fn = SAMPLERS.get(config.method)
     sigmas = config.sigmas()
     done = 0
+    state = None  # the chains evaluated where they stand, at the level they stand at: what the next step reads
     for i, sigma in enumerate(sigmas):
         if i and config.predictor:  # the reverse-diffusion step from the previous level to this one
             previous = sigmas[i - 1]
-            _, grad = energy.energy_and_grad(x, labels, sigma=previous)
+            grad = state.grad if state is not None else energy.energy_and_grad(x, labels, sigma=previous)[1]
             noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
             spread = (previous**2 - sigma**2) ** 0.5
             x = x - spread**2 * grad + sigma / previous * spread * noise
+            state = None
+        count = config.steps + (config.first_steps if i == 0 else 0) + (config.final_steps if i == len(sigmas) - 1 else 0)
+        if count == 0:  # no transition at this level: nothing to evaluate here
+            state = None
+            continue
         level = AtLevel(energy, sigma)
-        at = config.at_level(sigma)
         state = evaluate(level, x, labels, config.precision)  # type: ignore[arg-type]
-        extra = (config.first_steps if i == 0 else 0) + (config.final_steps if i == len(sigmas) - 1 else 0)
-        state, done = transitions(step_fn, level, state, at, generator, labels, config.steps + extra, on_step, done)
+        state, done = transitions(step_fn, level, state, config.at_level(sigma), generator, labels, count, on_step,
+                                  done)
         x = state.x
     if config.denoise:
-        _, grad = energy.energy_and_grad(x, labels, sigma=sigmas[-1])
+        grad = state.grad if state is not None else energy.energy_and_grad(x, labels, sigma=sigmas[-1])[1]
         x = x - sigmas[-1] ** 2 * grad
     return x.clamp(*energy.value_range) if energy.value_range is not None else x
 
