@@ -98,6 +98,26 @@ def test_first_steps_take_the_chains_from_the_start_noise_to_the_first_levels_di
         LadderConfig(steps=2, first_steps=2_000_000)
 
 
+def test_the_heun_predictor_follows_the_probability_flow_to_the_last_levels_distribution():
+    """With no transition at any level, chains started at sigma_max = 50 (nearly the noised data there) and moved by
+    the deterministic second-order step reach N(mu, C + sigma_min^2 I) of one noised Gaussian in 20 levels, where the
+    first-order ancestral step is still far off in covariance; a bool saved for the predictor reads as today's."""
+    single = NoisedGaussianEnergy(torch.tensor([1.0, 0.0]), torch.tensor([[1.0, 0.3], [0.3, 0.5]]), name="single")
+    target = single.covariance(0.05)
+    errors = {}
+    for predictor in ("heun", "ancestral"):
+        cfg = LadderConfig(levels=20, sigma_min=0.05, sigma_max=50.0, spacing="karras", steps=0, predictor=predictor,
+                           denoise=False)
+        x = sample(single, 20000, cfg, seed=0).samples
+        errors[predictor] = ((x.mean(0) - single.mean).abs().max(), (torch.cov(x.T) - target).abs().max())
+    assert errors["heun"][0] < 0.08 and errors["heun"][1] < 0.1, errors
+    assert errors["ancestral"][1] > 2 * errors["heun"][1], errors
+    with pytest.raises(InvalidInputError, match=r"predictor 'euler'; valid choices: \['ancestral', 'heun', 'none'\]"):
+        LadderConfig(predictor="euler")
+    for saved, now in ((True, "ancestral"), (False, "none")):
+        assert SamplingDefaults.from_flat({"predictor": saved}, ladder=True, saved=True).sampler.predictor == now
+
+
 def test_metropolis_corrections_remove_the_bias_that_a_large_langevin_step_leaves():
     """At a step where unadjusted Langevin's stationary law is visibly wrong, MALA's and HMC's are right: their
     proposal densities are the proposals' own."""

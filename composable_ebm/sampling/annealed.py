@@ -47,7 +47,7 @@ class LadderConfig:
     Chains start from the value range's centre plus Gaussian noise of std ``sigma_max`` and run ``steps``
     transitions of ``method`` at each level, with step size ``step_size * sigma^2`` (Song & Ermon 2019's annealed
     Langevin dynamics: ``alpha_i`` proportional to ``sigma_i^2``) and exact Langevin noise, moving from one level to
-    the next by the reverse-diffusion step (``predictor``); then, with ``denoise``, one step to the noise's
+    the next by the reverse-diffusion step or another `predictor`; then, with ``denoise``, one step to the noise's
     posterior mean at the last level (Tweedie's formula, ``x - sigma^2 dE/dx``), and the result is clamped to the
     value range.
     """
@@ -66,11 +66,13 @@ class LadderConfig:
     """transitions at each level"""
     step_size: float = 0.2
     """a level's step size over ``sigma^2``"""
-    predictor: bool = True
-    """move between levels by the reverse-diffusion step (the posterior of the next level's noised image given the
-    current one and the denoised estimate, ``x - sigma^2 dE/dx``), so the transitions at each level correct a chain
-    that is already close to it (the predictor-corrector scheme of Song et al. 2021, as Du et al. 2023 sample); off,
-    the chain reaches each level by the transitions alone"""
+    predictor: Literal["ancestral", "heun", "none"] = "ancestral"
+    """how a chain moves from one level to the next, so the transitions at each level correct a chain that is
+    already close to it (the predictor-corrector scheme of Song et al. 2021, as Du et al. 2023 sample):
+    ``ancestral``, the reverse-diffusion step (a draw of the next level's noised image given the current one and the
+    denoised estimate ``x - sigma^2 dE/dx``); ``heun``, a deterministic second-order step along the probability-flow
+    ODE ``dx/dsigma = sigma dE/dx`` (Karras et al. 2022, Algorithm 1), one evaluation more per level; ``none``, the
+    transitions alone"""
     denoise: bool = True
     """finish with the posterior-mean step at ``sigma_min``"""
     first_steps: int = 0
@@ -95,8 +97,9 @@ class LadderConfig:
         check_range(owner, "step_size", self.step_size, 0.0, low_open=True)
         if self.spacing not in ("geometric", "karras"):
             raise InvalidInputError(f"unknown LadderConfig.spacing {self.spacing!r}; valid choices: ['geometric', 'karras']")
-        for name in ("predictor", "denoise"):
-            check_bool(owner, name, getattr(self, name))
+        if self.predictor not in PREDICTORS:
+            raise InvalidInputError(f"unknown LadderConfig.predictor {self.predictor!r}; valid choices: {list(PREDICTORS)}")
+        check_bool(owner, "denoise", self.denoise)
         check_method(self.method)
         check_precision(owner, self.precision)
         if self.total_steps > MAX_TOTAL_STEPS:
@@ -164,6 +167,22 @@ def ladder_start(energy: Energy, n: int, config: LadderConfig, generator: torch.
     return centre + config.sigma_max * torch.randn((n, *energy.input_shape), generator=generator, device=device)
 
 
+PREDICTORS = ("ancestral", "heun", "none")
+
+
+def _predict(energy: Energy, x: Tensor, grad: Tensor, previous: float, sigma: float, kind: str,
+             generator: torch.Generator, labels: Labels | None) -> Tensor:
+    """The chains moved from level ``previous`` to ``sigma`` (``grad``: the energy's gradient at ``x`` there)."""
+    if kind == "heun":  # Euler along dx/dsigma = sigma dE/dx, then the trapezoid with the slope where it lands
+        slope = previous * grad
+        landed = x + (sigma - previous) * slope
+        _, grad_there = energy.energy_and_grad(landed, labels, sigma=sigma)
+        return x + (sigma - previous) * 0.5 * (slope + sigma * grad_there)
+    noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    spread = (previous**2 - sigma**2) ** 0.5
+    return x - spread**2 * grad + sigma / previous * spread * noise
+
+
 def run_ladder(
     energy: Energy,
     x: Tensor,
@@ -188,12 +207,10 @@ def run_ladder(
     done = 0
     state = None  # the chains evaluated where they stand, at the level they stand at: what the next step reads
     for i, sigma in enumerate(sigmas):
-        if i and config.predictor:  # the reverse-diffusion step from the previous level to this one
+        if i and config.predictor != "none":  # from the previous level to this one
             previous = sigmas[i - 1]
             grad = state.grad if state is not None else energy.energy_and_grad(x, labels, sigma=previous)[1]
-            noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-            spread = (previous**2 - sigma**2) ** 0.5
-            x = x - spread**2 * grad + sigma / previous * spread * noise
+            x = _predict(energy, x, grad, previous, sigma, config.predictor, generator, labels)
             state = None
         count = config.steps + (config.first_steps if i == 0 else 0) + (config.final_steps if i == len(sigmas) - 1 else 0)
         if count == 0:  # no transition at this level: nothing to evaluate here

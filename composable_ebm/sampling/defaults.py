@@ -132,7 +132,8 @@ class SamplingDefaults:
 
 def _upgrade(table: Mapping[str, Any]) -> dict[str, Any]:
     """A saved table in today's form: a nested ``ladder`` table (in ``alone`` too) becomes the table's own fields, the
-    chain's neutral values beside it are dropped, and ``noise: null`` is ``"exact"``."""
+    chain's neutral values beside it are dropped, ``noise: null`` is ``"exact"`` and ``predictor: true`` (false) is
+    ``"ancestral"`` (``"none"``)."""
     out = dict(table)
     nested = out.pop("ladder", None)
     if isinstance(nested, Mapping):
@@ -147,4 +148,6 @@ def _upgrade(table: Mapping[str, Any]) -> dict[str, Any]:
         out["ladder"] = nested  # not a table: refused by the parser, as any bad value
     if "noise" in out and out["noise"] is None:
         out["noise"] = "exact"
+    if isinstance(out.get("predictor"), bool):  # saved when the ladder's predictor was on or off
+        out["predictor"] = "ancestral" if out["predictor"] else "none"
     return out
