@@ -280,6 +280,32 @@ def tiny_diffusion_recipe(path: Path, *replacements: tuple[str, str]) -> Path:
     return path
 
 
+def test_a_recipe_names_only_its_familys_training_and_sampling_settings(tmp_path):
+    """A noise-conditioned recipe that carries contrastive divergence's settings (a buffer, a training chain) or a
+    chain's sampler fields, and a contrastive recipe that carries the denoising loss's, are one line each naming
+    the family; the recipes as shipped give each family its own objective."""
+    from composable_ebm.recipes import load_recipe
+    from composable_ebm.training import ContrastiveConfig
+
+    for old, new, needle in (("[trainer]\n", "[trainer]\nreinit_prob = 0.5\n",
+                              r"\['reinit_prob'\] are contrastive divergence's: a noise-conditioned model trains by"
+                              r" denoising"),
+                             ("[sampling]\n", "[trainer.sampler]\nsteps = 3\n\n[sampling]\n",
+                              r"\['sampler'\] are contrastive divergence's"),
+                             ("[sampling]\n", "[sampling]\nrounds = 2\n", r"\['rounds'\] belong to the other family")):
+        recipe = tiny_diffusion_recipe(tmp_path / "bad.toml", (old, new))
+        with pytest.raises(InvalidInputError, match=needle):
+            load_recipe(recipe)
+    ok = load_recipe(tiny_diffusion_recipe(tmp_path / "ok.toml"))
+    assert isinstance(ok.trainer.objective, DenoisingConfig) and isinstance(ok.sampling.sampler, LadderConfig)
+    shapes = (ROOT / "recipes" / "shapes-base.toml").read_text()
+    (tmp_path / "cd.toml").write_text(shapes.replace("[trainer]\n", '[trainer]\nloss_weighting = "edm"\n', 1))
+    with pytest.raises(InvalidInputError, match=r"\['loss_weighting'\] are denoising score matching's: a model of"
+                                                r" clean data trains by contrastive divergence"):
+        load_recipe(tmp_path / "cd.toml")
+    assert isinstance(load_recipe(ROOT / "recipes" / "shapes-color.toml").trainer.objective, ContrastiveConfig)
+
+
 @pytest.mark.learning
 def test_the_family_trains_saves_loads_composes_and_samples_through_the_same_commands(tmp_path):
     recipe = tiny_diffusion_recipe(tmp_path / "tiny.toml", ("levels = 15", "levels = 3"),
