@@ -10,7 +10,9 @@ every ``--setting``, a name and `LadderConfig` fields that replace the models' o
 - seconds for ``--n`` (16) draws at each ``--threads`` count on the CPU, and on CUDA when it is present (after a
   warm-up draw);
 - the joint accuracy and FID ratio of ``--quality-n`` (64) draws, read as `benchmarks.faces` reads its rows (the
-  faces classifier; fresh renders), from the row's own seed there.
+  faces classifier; fresh renders), from the row's own seed there;
+- for the composition, the corrector steps' Metropolis acceptance rate level by level: where they change the
+  result.
 
 Writes the ``faces-speed`` section of docs/benchmarks.md (``--no-doc``: print only).
 """
@@ -90,6 +92,20 @@ def seconds(expression: str, models: str, overrides: dict, n: int, device: str) 
     return time.perf_counter() - start
 
 
+def acceptance_by_level(expression: str, models: str, overrides: dict, n: int) -> str:
+    """The composite's Metropolis acceptance rate at each noise level, highest first (``-`` where no transition
+    ran), from ``n`` draws: where the corrector steps change the result."""
+    result = parse_expression(expression, loader(models, "cpu")).sample_result(n, seed=0, **overrides)
+    accepted = result.diagnostics.acceptance
+    if accepted is None:
+        return "-"
+    out, start = [], 0
+    for count in result.config.transitions_per_level():
+        out.append(f"{float(accepted[start:start + count].mean()):.2f}" if count else "-")
+        start += count
+    return " ".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="bundled", help="bundled, or a folder of faces-<attribute>/model runs")
@@ -141,6 +157,9 @@ def main() -> None:
         "Median seconds over the rows, first thread count: " + ", ".join(
             f"{n} {statistics.median(v):.1f} s" for n, v in summary.items()) + ".",
     ])
+    composite = ROWS[0]
+    body += "\n\nMetropolis acceptance of the composition's corrector steps at each level, highest first:\n\n" + "\n".join(
+        f"- {name}: {acceptance_by_level(composite, args.models, overrides, args.n)}" for name, overrides in settings)
     print(body)
     if not args.no_doc:
         write_section("faces-speed", body)

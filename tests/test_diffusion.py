@@ -89,6 +89,8 @@ def test_first_steps_take_the_chains_from_the_start_noise_to_the_first_levels_di
     assert (moved.samples.mean(0) - mean).abs().max() < 0.08
     assert (torch.cov(moved.samples.T) - cov).abs().max() < 0.08
     assert moved.diagnostics.acceptance.shape == (200,) and cfg.total_steps == 200
+    split = LadderConfig(levels=3, steps=2, first_steps=5, final_steps=1)
+    assert split.transitions_per_level() == [7, 2, 3] and sum(split.transitions_per_level()) == split.total_steps
     assert "200 steps at the first level" in cfg.summary()
     assert config_from_dict(LadderConfig, json.loads(json.dumps(config_to_dict(cfg)))) == cfg
     with pytest.raises(InvalidInputError, match="first_steps must be an integer"):

@@ -136,6 +136,14 @@ class LadderConfig:
         """Transitions per chain: ``first_steps + levels * steps + final_steps``."""
         return self.first_steps + self.levels * self.steps + self.final_steps
 
+    def transitions_per_level(self) -> list[int]:
+        """How many transitions run at each level, highest first (they sum to `total_steps`): a chain's per-step
+        diagnostics (`SamplerDiagnostics.acceptance`) split level by level."""
+        counts = [self.steps] * self.levels
+        counts[0] += self.first_steps
+        counts[-1] += self.final_steps
+        return counts
+
 
 class AtLevel:
     """``energy`` seen at one noise level: what a transition needs of an energy (its energies and input gradient,
@@ -206,13 +214,14 @@ def run_ladder(
     sigmas = config.sigmas()
     done = 0
     state = None  # the chains evaluated where they stand, at the level they stand at: what the next step reads
+    counts = config.transitions_per_level()
     for i, sigma in enumerate(sigmas):
         if i and config.predictor != "none":  # from the previous level to this one
             previous = sigmas[i - 1]
             grad = state.grad if state is not None else energy.energy_and_grad(x, labels, sigma=previous)[1]
             x = _predict(energy, x, grad, previous, sigma, config.predictor, generator, labels)
             state = None
-        count = config.steps + (config.first_steps if i == 0 else 0) + (config.final_steps if i == len(sigmas) - 1 else 0)
+        count = counts[i]
         if count == 0:  # no transition at this level: nothing to evaluate here
             state = None
             continue
