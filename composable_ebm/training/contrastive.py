@@ -116,6 +116,7 @@ class ContrastiveDivergence:
         self.buffer = ReplayBuffer(config.buffer_size, energy.input_shape, sorted(energy.attributes), trainer.device,
                                    config.buffer_policy)
         self.loss = trainer.parallel(ImprovedCDObjective(energy, config))
+        self._pending: tuple[Tensor, dict[str, Tensor]] | None = None  # the last iteration's negatives, until applied
 
     def step(self) -> StepRecord:
         """One iteration up to the update: chains, losses and their backward pass; the loop applies it."""
@@ -151,6 +152,7 @@ class ContrastiveDivergence:
         """The loop applied the iteration: its negatives go into the buffer."""
         x_neg, labels = self._pending
         self.buffer.add(x_neg, labels, self.trainer.generator)
+        self._pending = None
 
     def fault(self, record: StepRecord) -> str | None:
         """Why ``record`` is a fault: a non-finite statistic, or an energy difference past ``max_energy_diff``."""

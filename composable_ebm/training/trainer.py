@@ -90,13 +90,14 @@ class Trainer(TrainingState):
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
+        # the objective first: under DDP, wrapping its loss broadcasts rank 0's parameters, which the EMA then copies
+        self.objective: Objective = (ContrastiveDivergence(self, config.objective)
+                                     if isinstance(config.objective, ContrastiveConfig)
+                                     else DenoisingScoreMatching(self, config.objective))
         self.optimizer = torch.optim.Adam(self.energy.parameters(), lr=config.lr, betas=config.betas)
         self.ema = copy.deepcopy(self.energy).requires_grad_(False).eval()
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(self._seed(0))
-        self.objective: Objective = (ContrastiveDivergence(self, config.objective)
-                                     if isinstance(config.objective, ContrastiveConfig)
-                                     else DenoisingScoreMatching(self, config.objective))
         self.step = 0
         self.resumed_exactly = True  # False after a resume from a checkpoint of another kind of device
         self._fit_total = -1  # the step count fit() trains to (its last step is always logged)
