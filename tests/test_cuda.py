@@ -5,6 +5,8 @@ Skipped where no CUDA device exists (CI has none); run them on a machine with on
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import pytest
@@ -102,8 +104,8 @@ def _with_and_without_graphs(run):
 
 def test_a_chain_replayed_from_cuda_graphs_draws_the_eager_chains_noise(cuda_graphs):
     """Analytic energies (no cuDNN, so the same kernels eagerly and in the graph): a Langevin chain, and MALA down a
-    noise ladder whose every level is captured with eager draws between levels, give the eager samples from the
-    same seed. A graph that drew other noise, or left the generator behind, would move them by the noise's size."""
+    noise ladder (either predictor between levels) whose every level is captured with eager steps between levels,
+    give the eager samples from the same seed. A graph that drew other noise, or left the generator behind, would move them by the noise's size."""
     from composable_ebm.analytic import GaussianEnergy, NoisedGaussianEnergy
     from composable_ebm.sampling import LadderConfig, SamplerConfig, sample
     from composable_ebm.accel.graphs import MIN_STEPS, _cache
@@ -115,7 +117,7 @@ def test_a_chain_replayed_from_cuda_graphs_draws_the_eager_chains_noise(cuda_gra
     ladder = LadderConfig(method="mala", steps=MIN_STEPS, step_size=0.5, levels=3, sigma_min=0.1, sigma_max=1.0,
                           first_steps=MIN_STEPS)
     cases = ((gaussian, SamplerConfig(method="langevin", steps=2 * MIN_STEPS, step_size=0.01, noise=0.1)),
-             (product, ladder))
+             (product, ladder), (product, dataclasses.replace(ladder, predictor="heun")))
     for energy, config in cases:
         eager, graphed = _with_and_without_graphs(lambda: sample(energy, 256, config, seed=3))
         assert energy in _cache  # the graphs were made (and are kept for the next call)
