@@ -6,7 +6,6 @@ Skipped where no CUDA device exists (CI has none); run them on a machine with on
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 
 import pytest
