@@ -159,6 +159,13 @@ def floor_sets(pool: torch.Tensor, n: int, most: int = 4) -> torch.Tensor:
     return pool[: min(most, pool.shape[0] // n) * n]
 
 
+def model_loader(models_dir: str, device: str = "cpu"):
+    """Loads a faces model by its bundled name (``models_dir`` "bundled") or from ``models_dir/NAME/model``."""
+    def load_one(name: str):
+        return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"), device=device)
+    return load_one
+
+
 def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
             scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None,
             data_read: dict[str, torch.Tensor] | None = None,
@@ -172,10 +179,7 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
     gets its gap's floor at ``n`` (`row_gap_floor`). The models sample on ``device``; the classifier reads their
     samples on the CPU."""
 
-    def loader(name: str):
-        return load(name if models_dir == "bundled" else str(Path(models_dir) / name / "model"), device=device)
-
-    energy = parse_expression(job["expression"], loader)
+    energy = parse_expression(job["expression"], model_loader(models_dir, device))
     given = scales or intervals
     if given and not isinstance(energy, Guided) and job["form"] != "plain" and has_guided_form(energy):
         energy = composed(energy, job["form"])  # a model drawn guided on its own (`guided_alone`): that form

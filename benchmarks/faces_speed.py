@@ -22,12 +22,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from benchmarks._report import machine, write_section
-from benchmarks.faces import jobs, measure
+from benchmarks.faces import jobs, measure, model_loader
 from composable_ebm import load
 from composable_ebm.data import faces
 from composable_ebm.expression import parse_expression
@@ -52,19 +51,13 @@ def parse_setting(text: str) -> tuple[str, dict[str, float | int]]:
     return name, out
 
 
-def loader(models: str, device: str):
-    def load_one(name: str):
-        return load(name if models == "bundled" else str(Path(models) / name / "model"), device=device)
-    return load_one
-
-
 def count_evaluations(expression: str, models: str, overrides: dict) -> float:
     """Calls of each model's energy in one draw (the same for every model of a composite), counted on the CPU."""
     calls = {"n": 0}
     made: list = []
 
     def counting(name: str):
-        model = loader(models, "cpu")(name)
+        model = model_loader(models, "cpu")(name)
         energy = model.energy
 
         def counted(*args, **kwargs):
@@ -81,7 +74,7 @@ def count_evaluations(expression: str, models: str, overrides: dict) -> float:
 
 def seconds(expression: str, models: str, overrides: dict, n: int, device: str) -> float:
     """Wall time of ``n`` draws from one seed, after a warm-up draw (models loaded once)."""
-    energy = parse_expression(expression, loader(models, device))
+    energy = parse_expression(expression, model_loader(models, device))
     energy.sample(1, seed=1, **overrides)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -95,7 +88,7 @@ def seconds(expression: str, models: str, overrides: dict, n: int, device: str) 
 def acceptance_by_level(expression: str, models: str, overrides: dict, n: int) -> str:
     """The composite's Metropolis acceptance rate at each noise level, highest first (``-`` where no transition
     ran), from ``n`` draws: where the corrector steps change the result."""
-    result = parse_expression(expression, loader(models, "cpu")).sample_result(n, seed=0, **overrides)
+    result = parse_expression(expression, model_loader(models, "cpu")).sample_result(n, seed=0, **overrides)
     accepted = result.diagnostics.acceptance
     if accepted is None:
         return "-"

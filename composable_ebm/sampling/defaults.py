@@ -138,7 +138,7 @@ def _upgrade(table: Mapping[str, Any]) -> dict[str, Any]:
     nested = out.pop("ladder", None)
     if isinstance(nested, Mapping):
         for key, neutral in _OLD_NEUTRAL.items():
-            if key in out and any(out[key] is v or out[key] == v for v in neutral):
+            if key in out and out[key] in neutral:
                 del out[key]
         out = {**out, **nested}
         if isinstance(out.get("alone"), Mapping):
