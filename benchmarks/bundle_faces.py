@@ -15,6 +15,13 @@ table exists they say nothing measured, so bundle, measure, then bundle again. W
 ``model_cards/`` and into the model's folder (tests/test_bundled.py checks that they agree); ``python -m
 benchmarks.bundle --sync-cards`` refreshes their recipe and config blocks after an edit.
 
+    python -m benchmarks.bundle_faces --extend smiling=runs/wide-smiling@"2-core CPU, one thread" ... --table bundled
+
+bundles each named model from a run fine-tuned from the bundled one (``cebm train recipes/faces-<attribute>.toml
+--init faces-<attribute> --allow-config-change``, the model settings the recipe has now): the card keeps the earlier
+stages, read from the old card, with ``--set`` settings that give the model settings they trained with
+(``--before``, as ``;``-separated ``--set`` settings), and adds this one.
+
     python -m benchmarks.bundle_faces --cards-only --table bundled
 
 keeps the bundled weights and classifier and writes the four models' cards again: their training facts read from
@@ -172,6 +179,25 @@ def _trained_from_card(card: str) -> tuple[int, str, list[str]]:
     return int(steps.group(1)), trained.group(1), reproduce.group(1).splitlines()
 
 
+def _extended(card: str, name: str, stage: Stage, before: tuple[str, ...]) -> tuple[int, str, list[str]]:
+    """A bundled model's training facts (its old card) with one more stage: ``stage``, fine-tuned from it with the
+    recipe as it stands; the earlier stages' commands get ``before`` (the model settings they trained with)."""
+    steps, trained, reproduce = _trained_from_card(card)
+    earlier = len(reproduce) + 1
+    final = f"--out runs/{name} "
+    if sum(final in line for line in reproduce) != 1:
+        raise SystemExit(f"--extend {name}: its card's Reproduce block has no single `{final.strip()}` to build on")
+    reproduce = [line.replace(final, f"--out runs/{name}-stage{earlier - 1} ") + "".join(f" --set {s}" for s in before)
+                 for line in reproduce]
+    reproduce.append(stage.command(name, f"runs/{name}", f"runs/{name}-stage{earlier - 1}/model")
+                     .replace(" --steps", " --allow-config-change --steps", 1))
+    changed = " ".join(f"`--set {s}`" for s in before)
+    trained = (f"{trained} Then {stage.describe()} from those weights (`cebm train --init --allow-config-change`,"
+               f" a fresh optimiser), with the recipe's model settings as they stand; the stages before it trained"
+               f" with {changed}.")
+    return steps + stage.steps, trained, reproduce
+
+
 def _guidance(sampling: SamplingDefaults) -> str:
     """The card's sentence on the model's guidance settings (`SamplingDefaults`)."""
     scale = sampling.guidance_scale
@@ -196,18 +222,39 @@ def main() -> None:
     parser.add_argument("--cards-only", action="store_true",
                         help="keep the bundled weights and classifier; write their cards again (the training facts"
                              " read from the old cards, the settings from the recipes, the quality from --table)")
+    parser.add_argument("--extend", action="append", default=[], metavar="ATTRIBUTE=RUN@DEVICE[@PRECISION[@SETTINGS]]",
+                        help="a run fine-tuned from the bundled model (cebm train --init faces-ATTRIBUTE): bundle it,"
+                             " its card's earlier stages kept; the others stay as they are")
+    parser.add_argument("--before", default="",
+                        help="with --extend: the earlier stages' model settings, as ';'-separated --set settings"
+                             " (model.sigma_max=1.0)")
     args = parser.parse_args()
     runs, stages = _stages(args.run, "--run"), _stages(args.stage, "--stage")
-    if args.cards_only and (runs or stages):
-        raise SystemExit("--cards-only keeps the bundled weights: give no --run or --stage with it")
-    if not args.cards_only and (set(runs) != set(ATTRIBUTES) or any(len(r) != 1 for r in runs.values())):
+    extend = _stages(args.extend, "--extend")
+    before = tuple(s.strip() for s in args.before.split(";") if s.strip())
+    for setting in before:
+        parse_setting(setting)
+    if (args.cards_only or extend) and (runs or stages):
+        raise SystemExit("--cards-only and --extend keep the bundled classifier and the earlier stages: give no --run"
+                         " or --stage with them")
+    if extend and (any(len(r) != 1 for r in extend.values()) or not before):
+        raise SystemExit("--extend: one run per attribute, and --before naming the model settings the earlier stages"
+                         " trained with")
+    if not (args.cards_only or extend) and (set(runs) != set(ATTRIBUTES) or any(len(r) != 1 for r in runs.values())):
         raise SystemExit(f"give one --run for each of {list(ATTRIBUTES)}")
     rows = _table(args.table)
-    if not args.cards_only:
+    if not (args.cards_only or extend):
         bundle_classifier(args.classifier)
     for attribute in ATTRIBUTES:
         name = f"faces-{attribute}"
-        if args.cards_only:
+        if extend and attribute not in extend:
+            continue
+        if extend:
+            stage = extend[attribute][0]
+            model = load_model(stage.run / "model")
+            card = (CARDS_DIR / f"{name}.md").read_text()
+            steps, trained, reproduce = _extended(card, name, stage, before)
+        elif args.cards_only:
             model = load_model(BUNDLED_DIR / name)
             steps, trained, reproduce = _trained_from_card((CARDS_DIR / f"{name}.md").read_text())
         else:

@@ -11,8 +11,9 @@ every ``--setting``, a name and `LadderConfig` fields that replace the models' o
   warm-up draw);
 - the joint accuracy and FID ratio of ``--quality-n`` (64) draws, read as `benchmarks.faces` reads its rows (the
   faces classifier; fresh renders), from the row's own seed there;
-- for the composition, the corrector steps' Metropolis acceptance rate level by level: where they change the
-  result.
+- the transitions' Metropolis acceptance rate level by level: where they change the result.
+
+A setting that comes to a row's own settings is listed as such and not measured again.
 
 Writes the ``faces-speed`` section of docs/benchmarks.md (``--no-doc``: print only).
 """
@@ -30,25 +31,37 @@ from benchmarks.faces import jobs, measure, model_loader
 from composable_ebm import load
 from composable_ebm.data import faces
 from composable_ebm.expression import parse_expression
+from composable_ebm.pipeline import plan
 
 ROWS = ("guided(faces-smiling[smiling=yes] + faces-glasses[glasses=yes] + faces-hat[hat=yes])",
         "faces-smiling[smiling=yes]", "faces-glasses[glasses=yes]", "faces-hat[hat=yes]", "faces-hair[hair=blond]")
 """The README's composition (``.sample`` draws a sum of these models in its guided form) and each model alone."""
 
 
-def parse_setting(text: str) -> tuple[str, dict[str, float | int]]:
-    """``NAME:field=value,...`` -> (name, {field: value}); values are integers where they read as one."""
+def parse_setting(text: str) -> tuple[str, dict[str, float | int | str | bool]]:
+    """``NAME:field=value,...`` -> (name, {field: value}); a value is an integer, a number, ``true``/``false`` or
+    else a word (``predictor=heun``), as the field reads it."""
     name, _, fields = text.partition(":")
     if not name or not fields:
         raise SystemExit(f"--setting {text!r}: write NAME:field=value,... (LadderConfig fields), e.g. fast:levels=8")
-    out: dict[str, float | int] = {}
+    out: dict[str, float | int | str | bool] = {}
     for item in fields.split(","):
-        key, _, value = item.partition("=")
-        try:
-            out[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
-        except ValueError:
-            raise SystemExit(f"--setting {text!r}: {item!r} is not field=number") from None
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not key or not sep or not value:
+            raise SystemExit(f"--setting {text!r}: {item!r} is not field=value")
+        out[key] = _value(value)
     return name, out
+
+
+def _value(text: str) -> float | int | str | bool:
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def count_evaluations(expression: str, models: str, overrides: dict) -> float:
@@ -119,9 +132,18 @@ def main() -> None:
         for d in devices) + " | joint accuracy | FID ratio |", "| --- | --- | ---: | " + "---: | " * len(devices)
         + "---: | ---: |"]
     summary: dict[str, list[float]] = {}
+    accepted: list[str] = []
+    composite: list[str] = []
     for expression in ROWS:
         job = by_expression[expression]
+        own = plan(parse_expression(expression, model_loader(args.models, "cpu"))).config
         for name, overrides in settings:
+            config = plan(parse_expression(expression, model_loader(args.models, "cpu")), **overrides).config
+            if name != "own" and config == own:
+                lines.append(f"| `{expression}` | {name} | the models' own settings | " + "| " * (len(devices) + 1)
+                             + "|")
+                continue
+            accepted.append(f"- `{expression}`, {name}: {acceptance_by_level(expression, args.models, overrides, args.n)}")
             evaluations = count_evaluations(expression, args.models, overrides)
             times = []
             for device in devices:
@@ -132,6 +154,9 @@ def main() -> None:
             torch.set_num_threads(max(args.threads))
             row, _ = measure(job, args.models, classifier, data, fresh, args.quality_n, ladder=overrides)
             summary.setdefault(name, []).append(times[0])
+            if expression == ROWS[0]:
+                composite.append(f"{name} {evaluations:.0f} evaluations, " + " / ".join(f"{t:.1f}" for t in times)
+                                 + f" s, joint {row['joint']:.3f}, FID ratio {row['fid_ratio']:.1f}")
             lines.append(f"| `{expression}` | {name} | {evaluations:.0f} | " + " | ".join(f"{t:.1f}" for t in times)
                          + f" | {row['joint']:.3f} | {row['fid_ratio']:.1f} |")
             print(lines[-1], flush=True)
@@ -145,14 +170,17 @@ def main() -> None:
         f" on {machine()}. Settings: {settings_words}. Seconds: {args.n} draws after a warm-up draw; accuracy and FID"
         f" ratio: {args.quality_n} draws from the row's seed in `benchmarks.faces`.",
         "",
+        f"**The README's composition** (evaluations per draw; seconds for {args.n} draws on "
+        + " / ".join(d.replace("cpu:", "CPU ") + (" thread" + "s" * (d != "cpu:1") if "cpu" in d else "")
+                     for d in devices) + "; joint accuracy and FID ratio of its row): " + "; ".join(composite) + ".",
+        "",
         *lines,
         "",
         "Median seconds over the rows, first thread count: " + ", ".join(
             f"{n} {statistics.median(v):.1f} s" for n, v in summary.items()) + ".",
     ])
-    composite = ROWS[0]
-    body += "\n\nMetropolis acceptance of the composition's corrector steps at each level, highest first:\n\n" + "\n".join(
-        f"- {name}: {acceptance_by_level(composite, args.models, overrides, args.n)}" for name, overrides in settings)
+    body += ("\n\nMetropolis acceptance of the transitions at each level, highest first (`-`: none ran there), over"
+             f" {args.n} draws:\n\n" + "\n".join(accepted))
     print(body)
     if not args.no_doc:
         write_section("faces-speed", body)

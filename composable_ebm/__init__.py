@@ -16,7 +16,7 @@ from composable_ebm._version import __version__
 _EXPORTS = {
     "GaussianEnergy": "composable_ebm.analytic",
     **dict.fromkeys(["NULL", "Conditioned", "Disjunction", "Energy", "Guided", "Labels", "NoiseConditioned",
-                     "WeightedSum", "guided"], "composable_ebm.energy"),
+                     "WeightedSum", "either", "guided"], "composable_ebm.energy"),
     **dict.fromkeys(["BlockSpec", "DenoisingUNetConfig", "DenoisingUNetEnergy", "MLPConfig", "MLPEnergy",
                      "ResNetConfig", "ResNetEnergy"], "composable_ebm.nets"),
     **dict.fromkeys(["AugmentConfig", "LadderConfig", "SampleResult", "SamplerConfig", "SamplingDefaults"],
@@ -63,7 +63,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from composable_ebm.analytic import GaussianEnergy
     from composable_ebm.data import ImageDataset, attribute_folder, cifar10, digits, shapes
     from composable_ebm.energy import (NULL, Conditioned, Disjunction, Energy, Guided, Labels, NoiseConditioned,
-                                       WeightedSum, guided)
+                                       WeightedSum, either, guided)
     from composable_ebm.evaluation import (
         AttributeClassifier,
         ClassifierConfig,
@@ -109,6 +109,7 @@ __all__ = [
     "DenoisingUNetEnergy",
     "Disjunction",
     "Energy",
+    "either",
     "NoiseConditioned",
     "GaussianEnergy",
     "Guided",

@@ -7,7 +7,7 @@ energy means more likely, ``p(x) ∝ exp(-E(x))``. Every algebra operation retur
 
 - ``a + b``: conjunction (product of experts), ``E_a + E_b``;
 - ``w * a``: weighting, any real ``w``; ``a - w * b``: negation relative to a base;
-- ``a | b``: disjunction, ``-logsumexp(-E_a, -E_b)``;
+- ``a | b``: disjunction, ``-logsumexp(-E_a, -E_b)``, sampled as the mixture of its parts (`branches`);
 - ``a / T``: temperature, ``E_a / T``;
 - ``a.condition(attr=value)``: binds attributes of a conditional model.
 
@@ -485,27 +485,113 @@ class WeightedSum(_Composite):
 
 
 class Disjunction(_Composite):
-    """``-logsumexp_i(-E_i)``: a mixture of the parts' unnormalised densities (``a | b``)."""
+    """``a | b``: the mixture of its parts. Its energy is ``-logsumexp_i(-E_i + log w_i)``, the mixture of the parts'
+    unnormalised densities with weights ``w_i`` (1 each unless given: `either`); the pipeline samples it as the
+    mixture of the parts' normalised distributions, each chain drawn from one part chosen with probability
+    ``w_i / sum_j w_j`` (`branches`), so the shares follow the weights and not the parts' normalisers, which training
+    does not fix. Nested disjunctions flatten, a part's weight multiplying its own parts' (``(a | b) | c`` is one node
+    of three parts, each weighted 1)."""
 
-    def __init__(self, terms: Sequence[Energy]) -> None:
+    def __init__(self, terms: Sequence[Energy], weights: Sequence[float] | None = None) -> None:
+        weights = [1.0] * len(terms) if weights is None else [float(w) for w in weights]
+        if len(weights) != len(terms) or not terms:
+            raise ValueError("Disjunction needs one weight per part and at least one part")
+        bad = [w for w in weights if not (math.isfinite(w) and 0 < w <= MAX_WEIGHT)]
+        if bad:
+            raise InvalidInputError(f"a disjunction's weight must be a positive number up to {MAX_WEIGHT:g} (a part's"
+                                    f" share of the samples), got {bad[0]:g}")
         flat: list[Energy] = []
-        for t in terms:
-            flat.extend(t.terms if isinstance(t, Disjunction) else [t])
+        flat_weights: list[float] = []
+        for w, t in zip(weights, terms, strict=True):
+            if isinstance(t, Disjunction):
+                flat.extend(t.terms)
+                flat_weights.extend(w * inner for inner in t.weights)
+            else:
+                flat.append(t)
+                flat_weights.append(w)
         input_shape, value_range = _check_compatible(flat)
         super().__init__(flat, input_shape, value_range)
         self.terms = nn.ModuleList(flat)
+        self.weights: tuple[float, ...] = tuple(flat_weights)
+        """each part's weight: its share of the samples is its weight over their sum"""
+
+    @property
+    def shares(self) -> tuple[float, ...]:
+        """Each part's share of the samples, ``w_i / sum_j w_j``."""
+        total = sum(self.weights)
+        return tuple(w / total for w in self.weights)
 
     def energy(self, x: Tensor, labels: Labels | None, sigma: Tensor | None = None) -> Tensor:
-        """``-logsumexp_i(-E_i(x))``, ``(B,)``."""
+        """``-logsumexp_i(-E_i(x) + log w_i)``, ``(B,)``."""
         stacked = torch.stack([t(x, sigma=sigma) for t in self.terms], dim=1)  # (B, K)
+        if any(w != 1.0 for w in self.weights):
+            stacked = stacked - torch.tensor([math.log(w) for w in self.weights], dtype=stacked.dtype,
+                                             device=stacked.device)
         return -torch.logsumexp(-stacked, dim=1)
 
     def expression(self) -> str:
-        """The disjunction as text, e.g. ``(color[red] | color[blue])``."""
-        return "(" + " | ".join(t.expression() for t in self.terms) + ")"
+        """The disjunction as text, e.g. ``(color[red] | color[blue])`` or ``(3 : color[red] | color[blue])``."""
+        return "(" + " | ".join(t.expression() if w == 1.0 else f"{_format_weight(w)} : {t.expression()}"
+                                for w, t in zip(self.weights, self.terms, strict=True)) + ")"
 
     def __repr__(self) -> str:
         return self.expression()
+
+
+MAX_BRANCHES = 256
+"""Most branches an expression's disjunctions multiply out to (`branches`)."""
+
+
+def either(*parts: Energy, weights: Sequence[float] | None = None) -> Disjunction:
+    """``a | b | ...`` with each part's share of the samples given: ``either(a, b, weights=[3, 1])`` draws ``a``
+    three times as often as ``b``."""
+    if not parts or not all(isinstance(p, Energy) for p in parts):
+        raise InvalidInputError("either() takes energies, e.g. either(a, b, weights=[3, 1])")
+    return Disjunction(list(parts), weights)
+
+
+def branches(energy: Energy) -> list[tuple[float, Energy]]:
+    """``energy`` as a mixture of expressions without a disjunction: ``(share, branch)`` pairs, the shares summing
+    to 1. A sum distributes over its disjunctions (``s + (a | b)`` is ``(s + a) | (s + b)``, each half), a positive
+    weight or a temperature over a disjunction's parts; a negated disjunction has no such form and is one line, as is
+    an expression of more than `MAX_BRANCHES` branches. An expression without a disjunction is its one branch."""
+    if isinstance(energy, Disjunction):
+        out = [(share * inner, branch) for share, part in zip(energy.shares, energy.terms, strict=True)
+               for inner, branch in branches(part)]
+    elif isinstance(energy, WeightedSum):
+        parts = []
+        for w, term in zip(energy.weights, energy.terms, strict=True):
+            split = branches(term)
+            if len(split) > 1 and w < 0:
+                raise InvalidInputError(
+                    f"{energy.expression()} negates a disjunction ({term.expression()}), which is no mixture of"
+                    " branches; valid choices: negate each part (a - b - c), or name the values to keep")
+            parts.append([(share, w, branch) for share, branch in split])
+        if all(len(p) == 1 for p in parts):
+            return [(1.0, energy)]
+        out = []
+        for combination in itertools.product(*parts):
+            share = math.prod(c[0] for c in combination)
+            out.append((share, WeightedSum.combine([(w, branch) for _, w, branch in combination])))
+            if len(out) > MAX_BRANCHES:
+                break
+    else:
+        return [(1.0, energy)]
+    if len(out) > MAX_BRANCHES:
+        raise InvalidInputError(f"{energy.expression()} multiplies out to more than {MAX_BRANCHES} branches (every"
+                                " choice of one part of each disjunction); valid choices: fewer or narrower"
+                                " disjunctions")
+    return out
+
+
+def mixture(energy: Energy, each: Callable[[Energy], Energy] = lambda e: e) -> Energy:
+    """``energy`` with its disjunctions outermost: a `Disjunction` of its `branches`, ``each`` applied to every
+    branch (weighted by its share, the least 1); ``each(energy)`` when it has none."""
+    split = branches(energy)
+    if len(split) == 1 and not isinstance(energy, Disjunction):
+        return each(energy)
+    least = min(share for share, _ in split)
+    return Disjunction([each(b) for _, b in split], [share / least for share, _ in split])
 
 
 class Conditioned(_Composite):
@@ -647,18 +733,21 @@ class Guided(_Composite):
 
 
 def guided(energy: Energy, scales: Callable[[Conditioned], float] | None = None,
-           intervals: Callable[[Conditioned], tuple[float, float] | None] | None = None) -> Guided:
+           intervals: Callable[[Conditioned], tuple[float, float] | None] | None = None) -> Guided | Disjunction:
     """The guided form of a sum of conditioned models: ``guided(red + circle - 0.5 * square)`` is
     ``E_0 + (E(x|red) - E(x|0)) + (E(x|circle) - E(x|0)) - 0.5 (E(x|square) - E(x|0))``, with ``E_0`` the
     mean of the terms' unconditional energies; see `Guided`.
 
-    Takes one conditioned model or a weighted sum of them; anything else (a disjunction, an
-    unconditioned model, a model without a trained null condition) is a ``ValueError`` naming it.
+    Takes one conditioned model or a weighted sum of them, or a disjunction of such (``guided(s + (a | b))`` is the
+    mixture ``guided(s + a) | guided(s + b)``, `branches`); anything else (an unconditioned model, a model without a
+    trained null condition) is a ``ValueError`` naming it.
     ``scales`` gives each term's guidance scale (default 1), ``intervals`` each term's guidance interval (default
     None: every noise level).
     """
     if isinstance(energy, Guided):
         return energy
+    if len(branches(energy)) > 1 or isinstance(energy, Disjunction):  # guided(s + (a | b)): (s + a) | (s + b), guided
+        return mixture(energy, lambda branch: guided(branch, scales, intervals))  # type: ignore[return-value]
     weights, terms = (energy.weights, list(energy.terms)) if isinstance(energy, WeightedSum) else ([1.0], [energy])
     return Guided(weights, terms, None if scales is None else [scales(t) for t in terms],
                   None if intervals is None else [intervals(t) for t in terms])

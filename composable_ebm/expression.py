@@ -2,7 +2,8 @@
 
 Grammar (lowest precedence first)::
 
-    expr    := sum ('|' sum)*                      disjunction
+    expr    := alt ('|' alt)*                      disjunction
+    alt     := [NUMBER ':'] sum                    a part, with its weight (its share of the samples)
     sum     := ['-'] product (('+' | '-') product)*
     product := NUMBER '*' product | factor ('*' NUMBER | '/' NUMBER)*
     factor  := MODEL ['[' attr=value (',' attr=value)* ']'] | '(' expr ')' | 'guided(' sum ')'
@@ -10,7 +11,7 @@ Grammar (lowest precedence first)::
 ``MODEL`` is anything `composable_ebm.models.load_model` accepts (a folder, a bundled
 name, ``org/name`` or ``org/name@revision``). A ``-`` or ``/`` inside a name belongs to the name (paths, Hub ids), so
 write the minus and division operators with spaces around them. Each model is loaded once, however often it appears.
-``guided(a + b - 0.5 * c)`` is the guided form of a sum of conditioned models (`composable_ebm.energy.guided`), each
+``3 : a | b`` draws ``a`` three times as often as ``b`` (`composable_ebm.energy.either`). ``guided(a + b - 0.5 * c)`` is the guided form of a sum of conditioned models (`composable_ebm.energy.guided`), each
 term at its model's own guidance scale (`composable_ebm.pipeline.guidance_scale`).
 
 `parse_tree` reads the text into a tree of `Node` records (the one grammar: the studio shows this tree in its
@@ -19,11 +20,12 @@ controls); `build` turns a tree into an `Energy`; `parse_expression` does both.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from composable_ebm.energy import Energy, guided
+from composable_ebm.energy import Disjunction, Energy, guided
 from composable_ebm.errors import InvalidInputError, a_type
 from composable_ebm.pipeline import guidance_interval, guidance_scale
 
@@ -32,11 +34,11 @@ MAX_DEPTH = 32
 use."""
 MAX_LENGTH = 10_000
 """Longest expression parsed, in characters."""
-OPERATORS = "+ - * / | ( ) [attr=value, ...] guided(...)"
+OPERATORS = "+ - * / | N : ( ) [attr=value, ...] guided(...)"
 
 _TOKEN = re.compile(
     r"\s*(?:(?P<number>\d+\.\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)(?![A-Za-z_/~-])"
-    r"|(?P<name>(?:[A-Za-z0-9_.~]|/(?=[A-Za-z0-9_.~]))[A-Za-z0-9_./~@-]*)|(?P<op>[-+*/|()\[\],=]))"
+    r"|(?P<name>(?:[A-Za-z0-9_.~]|/(?=[A-Za-z0-9_.~]))[A-Za-z0-9_./~@-]*)|(?P<op>[-+*/|()\[\],=:]))"
 )
 
 
@@ -88,9 +90,10 @@ class Sum:
 
 @dataclass(frozen=True)
 class Or:
-    """``a | b | c``."""
+    """``a | b | c``, or ``3 : a | b`` with each part's weight (None: 1 each)."""
 
     alternatives: tuple[Node, ...]
+    weights: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -146,11 +149,30 @@ class _Parser:
         return result
 
     def expr(self) -> Node:
-        alternatives = [self.sum()]
+        first, weight = self.alternative()
+        alternatives, weights = [first], [weight]
         while self.at("|"):
             self.take("|")
-            alternatives.append(self.sum())
-        return alternatives[0] if len(alternatives) == 1 else Or(tuple(alternatives))
+            node, weight = self.alternative()
+            alternatives.append(node)
+            weights.append(weight)
+        if len(alternatives) == 1:
+            if weights[0] != 1.0:
+                raise InvalidInputError(f"in {quote(self.text)}: a part's weight (N : ...) belongs to a disjunction;"
+                                        " valid choices: 3 : a | b, or a weight of the energy, 3 * a")
+            return first
+        return Or(tuple(alternatives), None if all(w == 1.0 for w in weights) else tuple(weights))
+
+    def alternative(self) -> tuple[Node, float]:
+        tok, after = self.peek(), self.tokens[self.i + 1] if self.i + 1 < len(self.tokens) else None
+        if tok is None or tok[0] != "number" or after != ("op", ":"):
+            return self.sum(), 1.0
+        weight = float(self.take())
+        self.take(":")
+        if not (math.isfinite(weight) and weight > 0):
+            raise InvalidInputError(f"in {quote(self.text)}: a part's weight must be a positive number (its share of"
+                                    f" the samples), got {weight:g}")
+        return self.sum(), weight
 
     def sum(self) -> Node:
         sign = -1 if self.at("-") else 1
@@ -260,10 +282,7 @@ def build(node: Node, load: Callable[[str], Energy], text: str = "") -> Energy:
                 result = result + visit(term) if sign > 0 else result - visit(term)
             return result
         if isinstance(n, Or):
-            result = visit(n.alternatives[0])
-            for alternative in n.alternatives[1:]:
-                result = result | visit(alternative)
-            return result
+            return Disjunction([visit(alternative) for alternative in n.alternatives], n.weights)
         inner = visit(n.node)
         try:
             return guided(inner, guidance_scale, guidance_interval)

@@ -8,7 +8,10 @@ layers below it decide none of them:
   condition (label dropout) in its guided form ``E_0 + sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))``, with each
   model's own guidance scale ``s_i``, and so one conditioned model whose defaults ask for it
   (``SamplingDefaults.guided_alone``: classifier-free guidance); anything else as written. ``plain`` samples as
-  written; ``guided`` asks for the guided form (one line naming a term that has none);
+  written; ``guided`` asks for the guided form (one line naming a term that has none). In every form a disjunction
+  is a mixture (`composable_ebm.energy.branches`): each chain draws one branch with probability its share, and the
+  branch is sampled in the form, with the settings of the first branch; a plain sum of models trained with label
+  dropout warns that its guided form is the one that composes;
 - **the settings** (`default_settings`): a trained model's own (`SamplingDefaults`, from its ``config.json``;
   on its own, with its ``alone`` settings), a composite's derived from its parts (below), else the sampler's
   defaults; keyword overrides win;
@@ -39,10 +42,12 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
-from composable_ebm.energy import Conditioned, Disjunction, Energy, Guided, NoiseConditioned, WeightedSum, guided
+from composable_ebm.energy import (Conditioned, Disjunction, Energy, Guided, NoiseConditioned, WeightedSum, branches,
+                                   guided, mixture)
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling import ChainSettings, LadderConfig, SampleResult, SamplerConfig, SamplingDefaults, with_overrides
 from composable_ebm.sampling import sample as run_sampler
+from composable_ebm.sampling.runner import SamplerDiagnostics, check_count, make_generator
 
 Form = Literal["auto", "plain", "guided"]
 FORMS: tuple[str, ...] = get_args(Form)
@@ -88,6 +93,8 @@ def composed(energy: Energy, form: str = "auto") -> Energy:
     """The energy the sampler runs for ``energy`` in ``form`` (one of `FORMS`); see the module's docstring."""
     if not isinstance(form, str) or form not in FORMS:
         raise InvalidInputError(f"unknown composition form {form!r}; valid choices: {list(FORMS)}")
+    if isinstance(energy, Disjunction) or len(branches(energy)) > 1:  # a mixture: each branch in the form
+        return mixture(energy, lambda branch: composed(branch, form))
     if isinstance(energy, Guided) or form == "plain" or (form == "auto" and not has_guided_form(energy)):
         return energy
     return guided(energy, guidance_scale, guidance_interval)
@@ -201,10 +208,16 @@ def plan(energy: Energy, form: str = "auto", config: ChainSettings | None = None
     _check_one_family(energy)
     trained_levels(energy)
     runs = composed(energy, form)
-    _check_floor(runs)
-    if config is None:
-        defaults = default_settings(runs)
-        config = defaults.sampler if defaults is not None else _family_default(runs)
+    if form == "plain" and any(isinstance(b, WeightedSum) and has_guided_form(b) for _, b in branches(energy)):
+        warnings.warn(f"sampling {energy.expression()} in the plain form: its models were trained with a null"
+                      " condition (label dropout), and their plain sums measured far less accurate than the guided"
+                      " form (docs/benchmarks.md); form 'auto' samples it guided", stacklevel=3)
+    parts = list(runs.terms) if isinstance(runs, Disjunction) else [runs]
+    for part in parts:
+        _check_floor(part)
+    if config is None:  # a mixture's: its first branch's, within every branch's levels
+        defaults = default_settings(parts[0])
+        config = _within_levels(runs, defaults.sampler if defaults is not None else _family_default(parts[0]))
     config = with_overrides(config, overrides)
     _warn_outside(runs, config)
     return Plan(runs, config)
@@ -239,11 +252,16 @@ def sample(
     samples would be the starting noise.
     """
     chosen = plan(energy, form, config, **overrides)
-    if constant(energy) or constant(chosen.energy):
+    parts = list(chosen.energy.terms) if isinstance(chosen.energy, Disjunction) else [chosen.energy]
+    if constant(energy) or any(constant(part) for part in parts):
         raise InvalidInputError(f"{energy.expression()} has zero total weight on every term, so its energy is"
                                 " constant and its samples would be noise; give some term a non-zero weight")
-    result = run_sampler(chosen.energy, n, chosen.config, x0=x0, labels=labels, seed=seed, generator=generator,
-                         device=device, keep_every=keep_every, progress=progress, callback=callback)
+    run = dict(keep_every=keep_every, progress=progress, callback=callback)
+    if isinstance(chosen.energy, Disjunction):
+        result = _sample_mixture(chosen.energy, n, chosen.config, x0, labels, seed, generator, device, run)
+    else:
+        result = run_sampler(chosen.energy, n, chosen.config, x0=x0, labels=labels, seed=seed, generator=generator,
+                             device=device, **run)
     acc = result.diagnostics.acceptance
     if acc is not None and acc.numel() and not bool(acc.any()):
         raise InvalidInputError(
@@ -253,6 +271,46 @@ def sample(
             + ") are too far for this energy; lower the step size" + (" or the noise" if isinstance(
                 chosen.config, SamplerConfig) else ""))
     return result
+
+
+def _sample_mixture(energy: Disjunction, n: int | None, config: ChainSettings, x0: Tensor | None, labels: Any,
+                    seed: int | None, generator: torch.Generator | None, device: torch.device | str | None,
+                    run: dict[str, Any]) -> SampleResult:
+    """A disjunction's samples: each chain draws its part from the parts' shares, then every part samples its chains
+    with ``config`` from the same generator, in order. The samples (and kept states) stand in the chains' order; the
+    per-step diagnostics are the parts' means weighted by their chains."""
+    count = check_count(n) if x0 is None else x0.shape[0]
+    place = torch.device(device) if device is not None else (x0.device if x0 is not None else energy.device)
+    gen = make_generator(seed, generator, place)
+    shares = torch.tensor(energy.shares, dtype=torch.float64, device=gen.device)
+    choice = torch.multinomial(shares, count, replacement=True, generator=gen).to(place)
+    samples = chain = None
+    pieces: list[tuple[int, SampleResult]] = []
+    for k, part in enumerate(energy.terms):
+        rows = (choice == k).nonzero().squeeze(1)
+        if not rows.numel():
+            continue
+        given = {a: (v[rows] if isinstance(v, Tensor) and v.dim() > 0 else v) for a, v in (labels or {}).items()}
+        result = run_sampler(part, None if x0 is not None else rows.numel(), config,
+                             x0=None if x0 is None else x0[rows.to(x0.device)], labels=given or None,
+                             generator=gen, device=place, **run)
+        if samples is None:
+            samples = result.samples.new_empty((count, *result.samples.shape[1:]))
+            if result.chain is not None:
+                chain = result.chain.new_empty((result.chain.shape[0], count, *result.chain.shape[2:]))
+        samples[rows] = result.samples
+        if chain is not None:
+            chain[:, rows] = result.chain
+        pieces.append((rows.numel(), result))
+
+    def mean(field: str) -> Tensor | None:
+        found = [(k, getattr(r.diagnostics, field)) for k, r in pieces]
+        if any(v is None for _, v in found):
+            return None
+        return sum(k * v.float() for k, v in found) / count
+
+    diagnostics = SamplerDiagnostics(energy=mean("energy"), grad_norm=mean("grad_norm"), acceptance=mean("acceptance"))
+    return SampleResult(samples, chain, diagnostics, pieces[0][1].config)
 
 
 def leaves(energy: Energy) -> list[Energy]:

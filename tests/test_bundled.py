@@ -164,3 +164,26 @@ def test_each_faces_card_states_its_models_guidance_and_keeps_its_training_facts
     assert reproduce and all(line.startswith(f"cebm train recipes/{name}.toml --out runs/") for line in reproduce)
     with pytest.raises(SystemExit, match="no training facts"):
         _trained_from_card(card.replace("## Reproduce", "## Usage"))
+
+
+def test_a_faces_card_extended_by_a_fine_tune_keeps_its_stages_and_reproduces_them_with_their_settings(tmp_path):
+    """`benchmarks.bundle_faces --extend`: a bundled model fine-tuned once more (a model setting changed) keeps its
+    card's stages, each reproduced with the settings it trained with, and adds the fine-tune from the last of them."""
+    from benchmarks.bundle_faces import Stage, _extended, _trained_from_card
+
+    name = "faces-hat"
+    card = (Path(__file__).resolve().parents[1] / "model_cards" / f"{name}.md").read_text()
+    steps, trained, reproduce = _trained_from_card(card)
+    run = tmp_path / "wide"
+    run.mkdir()
+    (run / "log.jsonl").write_text("".join(f'{{"step": {k}, "seconds": 3.0}}\n' for k in (100, 200, 300)))
+    stage = Stage(run, "a CPU", None, ("trainer.warmup_steps=100",))
+    new_steps, new_trained, new_reproduce = _extended(card, name, stage, ("model.sigma_max=1.0",))
+    assert new_steps == steps + 300 and new_trained.startswith(trained)
+    assert "300 iterations on a CPU" in new_trained and "`--set model.sigma_max=1.0`" in new_trained
+    assert len(new_reproduce) == len(reproduce) + 1
+    assert all(line.endswith(" --set model.sigma_max=1.0") for line in new_reproduce[:-1])
+    previous = f"runs/{name}-stage{len(reproduce)}"
+    assert f"--out {previous} " in new_reproduce[-2]
+    assert new_reproduce[-1] == (f"cebm train recipes/{name}.toml --out runs/{name} --init {previous}/model"
+                                 " --allow-config-change --steps 300 --set trainer.warmup_steps=100")

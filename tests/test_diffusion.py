@@ -92,12 +92,33 @@ def test_first_steps_take_the_chains_from_the_start_noise_to_the_first_levels_di
     split = LadderConfig(levels=3, steps=2, first_steps=5, final_steps=1)
     assert split.transitions_per_level() == [7, 2, 3] and sum(split.transitions_per_level()) == split.total_steps
     assert "200 steps at the first level" in cfg.summary()
+    bare = LadderConfig(levels=20, steps=0, sigma_max=20.0)
+    assert bare.total_steps == 0 and bare.transitions_per_level() == [0] * 20
+    assert bare.summary() == ("20 noise levels (20 to 0.01, geometric), ancestral steps between them, no transitions"
+                              " at a level, denoised")
     assert config_from_dict(LadderConfig, json.loads(json.dumps(config_to_dict(cfg)))) == cfg
     with pytest.raises(InvalidInputError, match="first_steps must be an integer"):
         LadderConfig(first_steps=-1)
     with pytest.raises(InvalidInputError, match=r"first_steps \+ levels x steps \+ final_steps = 2000000 \+ 30 x 2"
                                                 r" \+ 0 = 2,000,060 transitions; at most 1,048,576"):
         LadderConfig(steps=2, first_steps=2_000_000)
+
+
+@pytest.mark.parametrize(("predictor", "steps", "churn", "expected"), [
+    ("ancestral", 0, 0.0, 20), ("ancestral", 1, 0.0, 40), ("heun", 0, 0.0, 39), ("heun", 1, 0.0, 59),
+    ("heun", 0, 0.4, 39), ("heun", 1, 0.4, 77)])
+def test_a_ladder_evaluates_the_energy_once_per_level_and_once_per_transition(predictor, steps, churn, expected,
+                                                                             monkeypatch):
+    """A draw down L levels costs L evaluations (each level's gradient serves the step to the next level and, at the
+    last, the denoising step), plus one per MALA transition and one per Heun correction (L - 1), and with churn the
+    gradient where the fresh noise leaves the chains, where a transition's cannot serve (none at sigma_max): what
+    benchmarks/faces_speed.py counts for the faces models."""
+    single = NoisedGaussianEnergy(torch.tensor([1.0, 0.0]), torch.tensor([[1.0, 0.3], [0.3, 0.5]]), name="single")
+    calls = []
+    original = single.energy_and_grad
+    monkeypatch.setattr(single, "energy_and_grad", lambda *a, **k: calls.append(1) or original(*a, **k))
+    sample(single, 4, LadderConfig(levels=20, sigma_max=20.0, predictor=predictor, steps=steps, churn=churn), seed=0)
+    assert len(calls) == expected
 
 
 def test_the_heun_predictor_follows_the_probability_flow_to_the_last_levels_distribution():
@@ -116,6 +137,14 @@ def test_the_heun_predictor_follows_the_probability_flow_to_the_last_levels_dist
     assert errors["ancestral"][1] > 2 * errors["heun"][1], errors
     with pytest.raises(InvalidInputError, match=r"predictor 'euler'; valid choices: \['ancestral', 'heun', 'none'\]"):
         LadderConfig(predictor="euler")
+    # with churn, fresh noise before each step: still the same distribution, from a stochastic walk
+    churned = LadderConfig(levels=20, sigma_min=0.05, sigma_max=50.0, spacing="karras", steps=0, predictor="heun",
+                           denoise=False, churn=0.3)
+    x = sample(single, 20000, churned, seed=0).samples
+    assert (x.mean(0) - single.mean).abs().max() < 0.05 and (torch.cov(x.T) - target).abs().max() < 0.15
+    assert "heun steps (churn 0.3) between them" in churned.summary()
+    with pytest.raises(InvalidInputError, match="churn = 0.3 needs predictor 'heun'"):
+        LadderConfig(churn=0.3)
     for saved, now in ((True, "ancestral"), (False, "none")):
         assert SamplingDefaults.from_flat({"predictor": saved}, ladder=True, saved=True).sampler.predictor == now
 

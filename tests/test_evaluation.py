@@ -516,3 +516,12 @@ def test_compiled_denoising_loss_is_one_graph_with_the_eager_loss_and_gradients(
     assert any(g.abs().sum() > 0 for g in grads)
     for a, b in zip(compiled_grads, grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_faces_speed_reads_a_setting_as_its_fields_read_it():
+    from benchmarks.faces_speed import parse_setting
+
+    assert parse_setting("fast:levels=8,step_size=0.1,predictor=heun,denoise=false") == (
+        "fast", {"levels": 8, "step_size": 0.1, "predictor": "heun", "denoise": False})
+    with pytest.raises(SystemExit, match="is not field=value"):
+        parse_setting("fast:levels")

@@ -73,6 +73,10 @@ class LadderConfig:
     denoised estimate ``x - sigma^2 dE/dx``); ``heun``, a deterministic second-order step along the probability-flow
     ODE ``dx/dsigma = sigma dE/dx`` (Karras et al. 2022, Algorithm 1), one evaluation more per level; ``none``, the
     transitions alone"""
+    churn: float = 0.0
+    """heun: before each step, fresh noise raises the chains' level from ``sigma`` to ``sigma (1 + churn)`` (at most
+    ``sigma_max``), and the step starts there (Karras et al. 2022, Algorithm 2's ``gamma``): a stochastic sampler
+    that forgets the errors of earlier steps, at one evaluation more per level"""
     denoise: bool = True
     """finish with the posterior-mean step at ``sigma_min``"""
     first_steps: int = 0
@@ -95,6 +99,11 @@ class LadderConfig:
         check_range(owner, "sigma_min", self.sigma_min, 0.0, low_open=True)
         check_range(owner, "sigma_max", self.sigma_max, self.sigma_min, 1e4)
         check_range(owner, "step_size", self.step_size, 0.0, low_open=True)
+        check_range(owner, "churn", self.churn, 0.0, 1.0)
+        if self.churn and self.predictor != "heun":
+            raise InvalidInputError(f"LadderConfig.churn = {self.churn:g} needs predictor 'heun' (it raises the level"
+                                    f" before each Heun step), got predictor {self.predictor!r}; valid choices:"
+                                    " predictor = 'heun', or churn = 0")
         if self.spacing not in ("geometric", "karras"):
             raise InvalidInputError(f"unknown LadderConfig.spacing {self.spacing!r}; valid choices: ['geometric', 'karras']")
         if self.predictor not in PREDICTORS:
@@ -125,11 +134,17 @@ class LadderConfig:
 
     def summary(self) -> str:
         """The schedule in one line (``cebm info``, the studio)."""
+        ladder = f"{self.levels} noise levels ({self.sigma_max:g} to {self.sigma_min:g}, {self.spacing})"
+        churned = f" (churn {self.churn:g})" if self.churn else ""
+        between = "" if self.predictor == "none" else f", {self.predictor} steps{churned} between them"
+        denoised = ", denoised" if self.denoise else ""
+        if self.total_steps == 0:
+            return f"{ladder}{between}, no transitions at a level{denoised}"
         first = f"{self.first_steps} steps at the first level, then " if self.first_steps else ""
         extra = f" + {self.final_steps}" if self.final_steps else ""
-        return (f"{self.method}, {first}{self.steps} steps{extra} at each of {self.levels} noise levels"
-                f" ({self.sigma_max:g} to {self.sigma_min:g}, {self.spacing}), step size {self.step_size:g} x sigma^2,"
-                " exact noise" + (", denoised" if self.denoise else ""))
+        steps = f"{self.steps} step" + ("" if self.steps == 1 and not self.final_steps else "s")
+        return (f"{self.method}, {first}{steps}{extra} at each of {ladder}{between}, step size"
+                f" {self.step_size:g} x sigma^2, exact noise{denoised}")
 
     @property
     def total_steps(self) -> int:
@@ -218,6 +233,11 @@ def run_ladder(
     for i, sigma in enumerate(sigmas):
         if i and config.predictor != "none":  # from the previous level to this one
             previous = sigmas[i - 1]
+            raised = min(previous * (1 + config.churn), config.sigma_max)
+            if raised > previous:  # churn: fresh noise first, so the chains stand at a higher level, where the step starts
+                noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+                x = x + (raised**2 - previous**2) ** 0.5 * noise
+                previous, state = raised, None
             grad = state.grad if state is not None else energy.energy_and_grad(x, labels, sigma=previous)[1]
             x = _predict(energy, x, grad, previous, sigma, config.predictor, generator, labels)
             state = None

@@ -74,6 +74,14 @@ ChainSettings = SamplerConfig | LadderConfig
 one)."""
 
 
+def check_count(n: object) -> int:
+    """``n``, the number of samples, as an int; one line unless it is a whole number from 1 to `MAX_SAMPLES`."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_SAMPLES:
+        raise InvalidInputError(f"n must be a whole number from 1 to {MAX_SAMPLES:,} (the number of samples), got"
+                                f" {n!r}")
+    return int(n)
+
+
 def make_generator(seed: int | None, generator: torch.Generator | None, device: torch.device) -> torch.Generator:
     """An explicit generator on ``device``: the given one, or one seeded with ``seed``; without either, one seeded
     from torch's global generator, so ``torch.manual_seed`` makes a call repeat (and advances as any draw does)."""
@@ -172,10 +180,7 @@ def sample(
     if isinstance(cfg, SamplerConfig) and cfg.augment is not None and len(energy.input_shape) != 3:
         raise ValueError(f"augmentation transitions need image energies (C, H, W); this one takes {energy.input_shape}")
     if x0 is None:
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_SAMPLES:
-            raise InvalidInputError(f"n must be a whole number from 1 to {MAX_SAMPLES:,} (the number of samples), got"
-                                    f" {n!r}")
-        n = int(n)
+        n = check_count(n)
         size = math.prod(energy.input_shape)
         if n * size > MAX_SAMPLE_ELEMENTS:
             raise InvalidInputError(f"n={n:,} samples of shape {tuple(energy.input_shape)} are {n * size:,} elements;"

@@ -330,7 +330,7 @@ def sampler_summary(models: ModelCache, expression: str, form: str = "auto") -> 
     from composable_ebm.pipeline import plan
 
     cfg = plan(models.energy(expression), form).config
-    return f"its own sampler: {cfg.summary()} ({cfg.total_steps} steps in all)"
+    return f"its own sampler: {cfg.summary()}" + (f" ({cfg.total_steps} steps in all)" if cfg.total_steps else "")
 
 
 def error_line(err: BaseException) -> str:

@@ -105,6 +105,8 @@ def _tree_terms(tree: Node) -> tuple[list[Term], str]:
     (guided) sums of weighted, tempered models; anything else is `_Unshowable`."""
     terms: list[Term] = []
     forms = set()
+    if isinstance(tree, Or) and tree.weights is not None:  # the controls have no weight per part
+        raise _Unshowable
     for alternative in tree.alternatives if isinstance(tree, Or) else (tree,):
         guided = isinstance(alternative, GuidedNode)
         body = alternative.node if guided else alternative
