@@ -279,6 +279,8 @@ def _sample_mixture(energy: Disjunction, n: int | None, config: ChainSettings, x
     """A disjunction's samples: each chain draws its part from the parts' shares, then every part samples its chains
     with ``config`` from the same generator, in order. The samples (and kept states) stand in the chains' order; the
     per-step diagnostics are the parts' means weighted by their chains."""
+    if x0 is not None and n is not None and n != x0.shape[0]:
+        raise ValueError(f"n={n} disagrees with x0's batch of {x0.shape[0]}")
     count = check_count(n) if x0 is None else x0.shape[0]
     place = torch.device(device) if device is not None else (x0.device if x0 is not None else energy.device)
     gen = make_generator(seed, generator, place)

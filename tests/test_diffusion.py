@@ -143,8 +143,12 @@ def test_the_heun_predictor_follows_the_probability_flow_to_the_last_levels_dist
     x = sample(single, 20000, churned, seed=0).samples
     assert (x.mean(0) - single.mean).abs().max() < 0.05 and (torch.cov(x.T) - target).abs().max() < 0.15
     assert "heun steps (churn 0.3) between them" in churned.summary()
-    with pytest.raises(InvalidInputError, match="churn = 0.3 needs predictor 'heun'"):
-        LadderConfig(churn=0.3)
+    ancestral = dataclasses.replace(churned, predictor="ancestral")  # churn is the Heun step's: ignored here
+    assert "churn" not in ancestral.summary()
+    torch.testing.assert_close(sample(single, 64, ancestral, seed=1).samples,
+                               sample(single, 64, dataclasses.replace(ancestral, churn=0.0), seed=1).samples)
+    with pytest.raises(InvalidInputError, match=r"churn must be a finite number in \[0, 1\]"):
+        LadderConfig(churn=-0.1)
     for saved, now in ((True, "ancestral"), (False, "none")):
         assert SamplingDefaults.from_flat({"predictor": saved}, ladder=True, saved=True).sampler.predictor == now
 

@@ -60,6 +60,8 @@ def test_a_mixtures_draw_repeats_with_its_seed_and_keeps_its_chains_in_order():
     assert first.diagnostics.acceptance.shape == (300,) and first.config == CHAIN
     x0 = torch.zeros(8, 2)
     assert sample(mixed, None, CHAIN, seed=0, x0=x0).samples.shape == (8, 2)
+    with pytest.raises(ValueError, match="n=4 disagrees with x0's batch of 8"):
+        sample(mixed, 4, CHAIN, seed=0, x0=x0)
 
 
 def test_a_sum_distributes_over_its_disjunctions_and_a_negated_one_is_one_line():

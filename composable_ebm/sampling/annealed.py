@@ -74,9 +74,9 @@ class LadderConfig:
     ODE ``dx/dsigma = sigma dE/dx`` (Karras et al. 2022, Algorithm 1), one evaluation more per level; ``none``, the
     transitions alone"""
     churn: float = 0.0
-    """heun: before each step, fresh noise raises the chains' level from ``sigma`` to ``sigma (1 + churn)`` (at most
-    ``sigma_max``), and the step starts there (Karras et al. 2022, Algorithm 2's ``gamma``): a stochastic sampler
-    that forgets the errors of earlier steps, at one evaluation more per level"""
+    """heun (the other predictors ignore it): before each step, fresh noise raises the chains' level from ``sigma`` to
+    ``sigma (1 + churn)`` (at most ``sigma_max``), and the step starts there (Karras et al. 2022, Algorithm 2's
+    ``gamma``): a stochastic sampler that forgets the errors of earlier steps, at one evaluation more per level"""
     denoise: bool = True
     """finish with the posterior-mean step at ``sigma_min``"""
     first_steps: int = 0
@@ -100,10 +100,6 @@ class LadderConfig:
         check_range(owner, "sigma_max", self.sigma_max, self.sigma_min, 1e4)
         check_range(owner, "step_size", self.step_size, 0.0, low_open=True)
         check_range(owner, "churn", self.churn, 0.0, 1.0)
-        if self.churn and self.predictor != "heun":
-            raise InvalidInputError(f"LadderConfig.churn = {self.churn:g} needs predictor 'heun' (it raises the level"
-                                    f" before each Heun step), got predictor {self.predictor!r}; valid choices:"
-                                    " predictor = 'heun', or churn = 0")
         if self.spacing not in ("geometric", "karras"):
             raise InvalidInputError(f"unknown LadderConfig.spacing {self.spacing!r}; valid choices: ['geometric', 'karras']")
         if self.predictor not in PREDICTORS:
@@ -135,7 +131,7 @@ class LadderConfig:
     def summary(self) -> str:
         """The schedule in one line (``cebm info``, the studio)."""
         ladder = f"{self.levels} noise levels ({self.sigma_max:g} to {self.sigma_min:g}, {self.spacing})"
-        churned = f" (churn {self.churn:g})" if self.churn else ""
+        churned = f" (churn {self.churn:g})" if self.churn and self.predictor == "heun" else ""
         between = "" if self.predictor == "none" else f", {self.predictor} steps{churned} between them"
         denoised = ", denoised" if self.denoise else ""
         if self.total_steps == 0:
@@ -233,7 +229,7 @@ def run_ladder(
     for i, sigma in enumerate(sigmas):
         if i and config.predictor != "none":  # from the previous level to this one
             previous = sigmas[i - 1]
-            raised = min(previous * (1 + config.churn), config.sigma_max)
+            raised = min(previous * (1 + config.churn), config.sigma_max) if config.predictor == "heun" else previous
             if raised > previous:  # churn: fresh noise first, so the chains stand at a higher level, where the step starts
                 noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
                 x = x + (raised**2 - previous**2) ** 0.5 * noise
