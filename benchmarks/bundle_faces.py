@@ -192,9 +192,9 @@ def _extended(card: str, name: str, stage: Stage, before: tuple[str, ...]) -> tu
     reproduce.append(stage.command(name, f"runs/{name}", f"runs/{name}-stage{earlier - 1}/model")
                      .replace(" --steps", " --allow-config-change --steps", 1))
     changed = " ".join(f"`--set {s}`" for s in before)
-    trained = (f"{trained} Then {stage.describe()} from those weights (`cebm train --init --allow-config-change`,"
-               f" a fresh optimiser), with the recipe's model settings as they stand; the stages before it trained"
-               f" with {changed}.")
+    trained = (f"{trained} Then a further stage: {stage.describe()} from those weights (`cebm train --init"
+               " --allow-config-change`, a fresh optimiser), with the recipe's model settings as they stand; the stages"
+               f" before it trained with {changed}.")
     return steps + stage.steps, trained, reproduce
 
 

@@ -11,8 +11,9 @@ Grammar (lowest precedence first)::
 ``MODEL`` is anything `composable_ebm.models.load_model` accepts (a folder, a bundled
 name, ``org/name`` or ``org/name@revision``). A ``-`` or ``/`` inside a name belongs to the name (paths, Hub ids), so
 write the minus and division operators with spaces around them. Each model is loaded once, however often it appears.
-``3 : a | b`` draws ``a`` three times as often as ``b`` (`composable_ebm.energy.either`). ``guided(a + b - 0.5 * c)`` is the guided form of a sum of conditioned models (`composable_ebm.energy.guided`), each
-term at its model's own guidance scale (`composable_ebm.pipeline.guidance_scale`).
+``3 : a | b`` draws ``a`` three times as often as ``b`` (`composable_ebm.energy.either`). ``guided(a + b - 0.5 * c)``
+is the guided form of a sum of conditioned models (`composable_ebm.energy.guided`), each term at its model's own
+guidance scale (`composable_ebm.pipeline.guidance_scale`).
 
 `parse_tree` reads the text into a tree of `Node` records (the one grammar: the studio shows this tree in its
 controls); `build` turns a tree into an `Energy`; `parse_expression` does both.
