@@ -70,9 +70,10 @@ class Stage:
                 + (" with " + " ".join(f"`--set {s}`" for s in self.settings) if self.settings else "")
                 + f", about {_training_minutes(self.run):.0f} minutes")
 
-    def command(self, name: str, out: str, init: str | None) -> str:
+    def command(self, name: str, out: str, init: str | None, config_change: bool = False) -> str:
+        """The stage's ``cebm train`` line (``config_change``: its model settings differ from ``init``'s)."""
         return (f"cebm train recipes/{name}.toml --out {out}" + (f" --init {init}" if init else "")
-                + f" --steps {self.steps}" + (f" --precision {self.precision}" if self.precision else "")
+                + (" --allow-config-change" if config_change else "") + f" --steps {self.steps}" + (f" --precision {self.precision}" if self.precision else "")
                 + "".join(f" --set {s}" for s in self.settings))
 
 
@@ -189,8 +190,7 @@ def _extended(card: str, name: str, stage: Stage, before: tuple[str, ...]) -> tu
         raise SystemExit(f"--extend {name}: its card's Reproduce block has no single `{final.strip()}` to build on")
     reproduce = [line.replace(final, f"--out runs/{name}-stage{earlier - 1} ") + "".join(f" --set {s}" for s in before)
                  for line in reproduce]
-    reproduce.append(stage.command(name, f"runs/{name}", f"runs/{name}-stage{earlier - 1}/model")
-                     .replace(" --steps", " --allow-config-change --steps", 1))
+    reproduce.append(stage.command(name, f"runs/{name}", f"runs/{name}-stage{earlier - 1}/model", config_change=True))
     changed = " ".join(f"`--set {s}`" for s in before)
     trained = (f"{trained} Then a further stage: {stage.describe()} from those weights (`cebm train --init"
                " --allow-config-change`, a fresh optimiser), with the recipe's model settings as they stand; the stages"

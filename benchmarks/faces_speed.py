@@ -11,7 +11,8 @@ every ``--setting``, a name and `LadderConfig` fields that replace the models' o
   warm-up draw);
 - the joint accuracy and FID ratio of ``--quality-n`` (64) draws, read as `benchmarks.faces` reads its rows (the
   faces classifier; fresh renders), from the row's own seed there;
-- the transitions' Metropolis acceptance rate level by level: where they change the result.
+- the transitions' Metropolis acceptance rate level by level, in the first timed draws: where they change the
+  result.
 
 A setting that comes to a row's own settings is listed as such and not measured again.
 
@@ -32,6 +33,7 @@ from composable_ebm import load
 from composable_ebm.data import faces
 from composable_ebm.expression import parse_expression
 from composable_ebm.pipeline import plan
+from composable_ebm.sampling import SampleResult
 
 ROWS = ("guided(faces-smiling[smiling=yes] + faces-glasses[glasses=yes] + faces-hat[hat=yes])",
         "faces-smiling[smiling=yes]", "faces-glasses[glasses=yes]", "faces-hat[hat=yes]", "faces-hair[hair=blond]")
@@ -85,23 +87,22 @@ def count_evaluations(expression: str, models: str, overrides: dict) -> float:
     return calls["n"] / len(made)
 
 
-def seconds(expression: str, models: str, overrides: dict, n: int, device: str) -> float:
-    """Wall time of ``n`` draws from one seed, after a warm-up draw (models loaded once)."""
+def timed(expression: str, models: str, overrides: dict, n: int, device: str) -> tuple[float, SampleResult]:
+    """Wall time of ``n`` draws from one seed, after a warm-up draw (models loaded once), and the draws."""
     energy = parse_expression(expression, model_loader(models, device))
     energy.sample(1, seed=1, **overrides)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     start = time.perf_counter()
-    energy.sample(n, seed=0, **overrides)
+    result = energy.sample_result(n, seed=0, **overrides)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, result
 
 
-def acceptance_by_level(expression: str, models: str, overrides: dict, n: int) -> str:
-    """The composite's Metropolis acceptance rate at each noise level, highest first (``-`` where no transition
-    ran), from ``n`` draws: where the corrector steps change the result."""
-    result = parse_expression(expression, model_loader(models, "cpu")).sample_result(n, seed=0, **overrides)
+def acceptance_by_level(result: SampleResult) -> str:
+    """A draw's Metropolis acceptance rate at each noise level, highest first (``-`` where no transition ran): where
+    the corrector steps change the result."""
     accepted = result.diagnostics.acceptance
     if accepted is None:
         return "-"
@@ -136,21 +137,23 @@ def main() -> None:
     composite: list[str] = []
     for expression in ROWS:
         job = by_expression[expression]
-        own = plan(parse_expression(expression, model_loader(args.models, "cpu"))).config
+        energy = parse_expression(expression, model_loader(args.models, "cpu"))
+        own = plan(energy).config
         for name, overrides in settings:
-            config = plan(parse_expression(expression, model_loader(args.models, "cpu")), **overrides).config
-            if name != "own" and config == own:
+            if name != "own" and plan(energy, **overrides).config == own:
                 lines.append(f"| `{expression}` | {name} | the models' own settings | " + "| " * (len(devices) + 1)
                              + "|")
                 continue
-            accepted.append(f"- `{expression}`, {name}: {acceptance_by_level(expression, args.models, overrides, args.n)}")
             evaluations = count_evaluations(expression, args.models, overrides)
-            times = []
+            times, draws = [], []
             for device in devices:
                 kind, _, threads = device.partition(":")
                 if threads:
                     torch.set_num_threads(int(threads))
-                times.append(seconds(expression, args.models, overrides, args.n, kind))
+                elapsed, result = timed(expression, args.models, overrides, args.n, kind)
+                times.append(elapsed)
+                draws.append(result)
+            accepted.append(f"- `{expression}`, {name}: {acceptance_by_level(draws[0])}")
             torch.set_num_threads(max(args.threads))
             row, _ = measure(job, args.models, classifier, data, fresh, args.quality_n, ladder=overrides)
             summary.setdefault(name, []).append(times[0])
