@@ -46,16 +46,17 @@ def headline(body: str) -> str:
     return "\n\n".join(kept)
 
 
-def write_section(name: str, body: str) -> None:
-    """Write a section: its whole text to ``docs/benchmarks/<name>.md``, and its headline (`headline`) with a link
-    there between the ``<!-- name -->`` markers of docs/benchmarks.md (other sections are kept)."""
+def write_section(name: str, body: str, short: str | None = None) -> None:
+    """Write a section: its whole text to ``docs/benchmarks/<name>.md``, and its headline (``short`` where given,
+    else `headline`) with a link there between the ``<!-- name -->`` markers of docs/benchmarks.md (other sections
+    are kept)."""
     body = body.strip()
     DETAILS.mkdir(parents=True, exist_ok=True)
     page = body.replace("](images/", "](../images/").replace("](benchmarks.md", "](../benchmarks.md")
     detail = DETAILS / f"{name}.md"
     notes = detail.read_text().partition(NOTES)[2] if detail.exists() else ""  # written by hand: kept
     detail.write_text(page + "\n" + (f"\n{NOTES}{notes}" if notes.strip() else ""))
-    short = headline(body)
+    short = headline(body) if short is None else short.strip()
     if short != body:
         title = body.splitlines()[0].lstrip("# ").strip()
         short += f"\n\nThe whole section: [{title}](benchmarks/{name}.md)."

@@ -10,7 +10,7 @@ composite naming both red and circle is a held-out combination.
   the plain form (``a + b``) and the guided form (``guided(a + b)``, :class:`composable_ebm.Guided`);
 - realism of the composites: FID ratio in the classifier's features against renders of the same
   combination, and the high-frequency ratio (``benchmarks/realism.py`` explains both);
-- disjunction ``red | blue`` (balance), negation "blue and not square", temperature.
+- the other operators of the algebra: ``python -m benchmarks.algebra``.
 
     python -m benchmarks.composition                  # the whole table, 64 samples per composite, both forms
     python -m benchmarks.composition --quick          # 16 samples per composite, for screening
@@ -237,41 +237,14 @@ def table_picture(rows: list[dict], path: Path, title: str) -> None:
 
 def report(args, parse, classifier, targets: list[dict], results: dict[str, list[dict]], n: int, seconds: float,
            write_doc: bool) -> None:
-    """Summaries, disjunction / negation / temperature checks, the pictures and the document section."""
+    """Summaries, the pictures and the document section."""
     summaries = {form: summarise(rows) for form, rows in results.items()}
+    with_null = all(parse(a).has_null_condition for a in ATTRIBUTES)  # guided forms need each model's null condition
     best = max(summaries, key=lambda f: sum(summaries[f][f"{a}_all"]["mean"] for a in args.arities))
 
-    # disjunction, negation and temperature on the colour and shape models
-    extra = {}
-    square = value_index(SHAPES_ATTRIBUTES, "shape", "square")
-    blue = value_index(SHAPES_ATTRIBUTES, "color", "blue")
-    pred = classifier.predict(parse("color[color=red] | color[color=blue]").sample(4 * n, seed=1000, form="plain"))["color"]
-    extra["disjunction"] = {c: float((pred == value_index(SHAPES_ATTRIBUTES, "color", c)).float().mean())
-                            for c in ("red", "blue")}
-    negations = {
-        "color[color=blue]": "blue alone",
-        "color[color=blue] - 0.5 * shape[shape=square]": "plain negation",
-        "guided(color[color=blue] - 0.5 * shape[shape=square])": "guided negation, weight 0.5",
-        "guided(color[color=blue] - 1 * shape[shape=square])": "guided negation, weight 1",
-        "guided(color[color=blue] - 2 * shape[shape=square])": "guided negation, weight 2",
-    }
-    extra["negation"] = {}
-    with_null = all(parse(a).has_null_condition for a in ATTRIBUTES)  # guided forms need each model's null condition
-    for text, label in negations.items():
-        if text.startswith("guided(") and not with_null:
-            continue
-        p = classifier.predict(parse(text).sample(4 * n, seed=1001, form="plain"))
-        extra["negation"][text] = {"label": label, "square": float((p["shape"] == square).float().mean()),
-                                   "blue": float((p["color"] == blue).float().mean())}
-    extra["temperature"] = {}
-    for t in (0.5, 1.0, 2.0):
-        text = f"shape[shape=circle] / {t}"
-        s = parse(text).sample(4 * n, seed=1002)
-        extra["temperature"][str(t)] = {"pixel_std": float(s.std(dim=0).mean()),
-                                        "circle": float((classifier.predict(s)["shape"] == 0).float().mean())}
-    print(json.dumps({"summaries": summaries, **extra}, indent=1), flush=True)
+    print(json.dumps({"summaries": summaries}, indent=1), flush=True)
     (args.out / ("composition-quick.json" if args.quick else "composition.json")).write_text(
-        json.dumps({"n": n, "seconds": seconds, "summaries": summaries, "rows": results, **extra}, indent=1))
+        json.dumps({"n": n, "seconds": seconds, "summaries": summaries, "rows": results}, indent=1))
     for form in results:
         table_picture(results[form], args.out / f"composition-table-{form}.png",
                       f"{form} form: joint accuracy of every composite ({results[form][0]['n']} samples each;"
@@ -332,18 +305,7 @@ def report(args, parse, classifier, targets: list[dict], results: dict[str, list
         which + " Rows are sampled as written (`form=\"plain\"`); by default `cebm compose` and `.sample`",
         "draw a sum of models that have a null condition in its guided form (`composable_ebm.sampling.composition_form`).",
         "",
-        f"Disjunction `color[color=red] | color[color=blue]`: red {extra['disjunction']['red']:.3f}, blue"
-        f" {extra['disjunction']['blue']:.3f} ({4 * n} samples).",
-        "",
-        "Negation, \"blue and not square\" (" + f"{4 * n} samples):",
-        "",
-        "| expression | form | squares | blue |",
-        "| --- | --- | --- | --- |",
-        *(f"| `{t}` | {v['label']} | {v['square']:.3f} | {v['blue']:.3f} |" for t, v in extra["negation"].items()),
-        "",
-        "Temperature `shape[shape=circle] / T` (" + f"{4 * n} samples): per-pixel standard deviation across samples "
-        + ", ".join(f"T={t}: {v['pixel_std']:.3f} (circles {v['circle']:.3f})" for t, v in extra["temperature"].items())
-        + ".",
+        "Negation, OR, weights and temperature: \"The algebra, both families\" (`python -m benchmarks.algebra`).",
         "",
         "Every 2-attribute composite, 6 samples each (left) beside renders of that combination (right), plain form",
         "then guided form, 3x nearest-neighbour:",

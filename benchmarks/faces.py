@@ -1,4 +1,4 @@
-"""Faces attribute models over the whole table: each model alone, every conjunction, negation and OR.
+"""Faces attribute models over the whole table: each model alone and every conjunction.
 
     python -m benchmarks.faces [--models bundled] [--classifier faces-classifier] [--n 64] [--label bundled]
 
@@ -30,10 +30,7 @@ reads the samples with the faces classifier:
   (``a + b``) and the guided form (``guided(a + b)``): joint accuracy (every conditioned attribute read right at
   once) and realism against fresh renders of that combination; smiling + glasses + hat is held out of every
   model's training data;
-- negation (``glasses - hat``: glasses and no hat, both ways) in the guided form (the plain difference has no floor
-  and is refused), and OR across hair colours
-  (``blond | red``, and ``smiling + (blond | red)``; the guided form takes no OR): accuracy and, for OR, the share
-  of each colour.
+Negation, OR, weights and temperature: ``python -m benchmarks.algebra``, the algebra's one table.
 
 Contact sheets put samples beside renders of the same row; the table goes into docs/benchmarks.md.
 
@@ -124,21 +121,10 @@ def jobs() -> list[dict]:
                     out.append({"kind": "conjunction", "arity": arity, "form": form, "target": target,
                                 "expression": f"guided({text})" if form == "guided" else text,
                                 "want": {a: [v] for a, v in target.items()}, "held_out": target == HELD_OUT})
-        for plus, minus in (("glasses", "hat"), ("hat", "glasses")):
-            text = f"{term(plus, 'yes')} - {term(minus, 'yes')}"
-            out.append({"kind": "negation", "form": form, "expression": f"guided({text})" if form == "guided" else text,
-                        "want": {plus: ["yes"], minus: ["no"]}})
-    for colours, prefix in ((("blond", "red"), None), (("blond", "red"), ("smiling", "yes"))):  # OR has one form
-        text = " | ".join(term("hair", c) for c in colours)
-        want = {"hair": list(colours)}
-        if prefix is not None:
-            text = f"{term(*prefix)} + ({text})"
-            want = {prefix[0]: [prefix[1]], **want}
-        out.append({"kind": "or", "form": "plain", "expression": text, "want": want})
-    for i, job in enumerate(out):
-        job["index"] = i  # a row's seed: kept when a row leaves the table
-    # a plain difference of noise-conditioned models has no floor and is refused (composable_ebm.pipeline)
-    return [job for job in out if not (job["kind"] == "negation" and job["form"] == "plain")]
+        out += [{"kind": "moved"}] * 2  # two negation rows, now benchmarks.algebra's: the seeds after them stay
+    out += [{"kind": "moved"}] * 2  # two OR rows, as well
+    out = [dict(job, index=i) for i, job in enumerate(out)]  # a row's index is its seed, kept when a row leaves
+    return [job for job in out if job["kind"] != "moved"]
 
 
 def _hits(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> torch.Tensor:
@@ -212,9 +198,6 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
             floor = row_gap_floor(data_read, data.labels, a, v, n, FLOOR_DRAWS,
                                   torch.Generator().manual_seed(job["index"]))
             row["gap_floor"] = [round(float(g), 6) for g in floor]
-    if job["kind"] == "or":
-        row["shares"] = {c: float((read["hair"] == FACES_ATTRIBUTES["hair"].index(c)).float().mean())
-                         for c in job["want"]["hair"]}
     return row, samples[:SHEET_SAMPLES]
 
 
@@ -395,17 +378,8 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
     _sheet(guided, samples, fresh, images / f"faces-{label}-guided.png")
     lines += ["", f"![guided faces composites, {label}](images/faces-{label}-guided.png)", "",
               "Guided composites (left) beside renders of the same combination (right), in the table's order; the"
-              " held-out triple is the last row.", "",
-              "**Negation and OR** (accuracy: every condition read right; OR also gives each colour's share):", "",
-              "| expression | form | accuracy | shares | FID ratio |", "| --- | --- | --- | --- | --- |"]
-    other = [r for r in rows if r["kind"] in ("negation", "or")]
-    for r in other:
-        shares = ", ".join(f"{c} {s:.2f}" for c, s in r.get("shares", {}).items()) or "-"
-        text = r["expression"].replace("|", "\\|")  # a table cell's pipe
-        lines.append(f"| `{text}` | {r['form']} | {r['joint']:.3f} | {shares} | {r['fid_ratio']:.1f} |")
-    _sheet(other, samples, fresh, images / f"faces-{label}-algebra.png")
-    lines += ["", f"![faces negation and OR, {label}](images/faces-{label}-algebra.png)", "",
-              "Negation and OR rows (left) beside renders of what they ask for (right), in the table's order."]
+              " held-out triple is the last row. Negation, OR, weights and temperature: \"The algebra, both"
+              " families\"."]
     return "\n".join(lines)
 
 

@@ -171,7 +171,15 @@ def main() -> None:
         " per value with the model's",
         "default settings against fresh renders of that value ("
         + ("the model's training split, red circles held out" if args.split == "train" else "every combination, red circles included")
-        + "). FID ratio: FID in the",
+        + ").",
+        "",
+        f"**Median FID ratio {summary['fid_ratio_median']:.1f}** (worst {summary['fid_ratio_worst']:.1f}); "
+        f"HF ratio median {summary['hf_ratio_median']:.2f} (worst {summary['hf_ratio_worst']:.2f}); "
+        f"accuracy mean {summary['accuracy_mean']:.3f} (worst {summary['accuracy_worst']:.3f}); "
+        f"worst coverage gap {summary['coverage_gap_worst']:.2f} (to the blind training mix:"
+        f" {summary['coverage_gap_blind_worst']:.2f}).",
+        "",
+        "FID ratio: FID in the",
         "bundled classifier's penultimate features against 1000 renders, over the floor (as many other fresh",
         "renders against the same reference, the mean of 4 such sets). HF ratio: mean |discrete Laplacian| of the samples over the renders'.",
         f"Accuracy and coverage are read from {args.coverage_n} samples per value (those {args.n} and more). Coverage gap: the",
@@ -182,12 +190,6 @@ def main() -> None:
         "2 of the split's 8 shape-and-colour combinations are circles; `blind_training_mix` in `benchmarks/realism.py`):",
         "a model that drew exactly its training data, red circles aside, would read about 0.08 in the `shape` gaps of",
         "the columns before it.",
-        "",
-        f"Median FID ratio **{summary['fid_ratio_median']:.1f}** (worst {summary['fid_ratio_worst']:.1f}); "
-        f"HF ratio median **{summary['hf_ratio_median']:.2f}** (worst {summary['hf_ratio_worst']:.2f}); "
-        f"accuracy mean {summary['accuracy_mean']:.3f} (worst {summary['accuracy_worst']:.3f}); "
-        f"worst coverage gap {summary['coverage_gap_worst']:.2f} (to the blind training mix:"
-        f" {summary['coverage_gap_blind_worst']:.2f}).",
         "",
         "| model | value | FID ratio | FID / floor | HF ratio | accuracy | coverage gap (other attributes) |"
         " gap to the blind training mix |",

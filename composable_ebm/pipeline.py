@@ -7,11 +7,13 @@ layers below it decide none of them:
 - **the form** (`plan`): ``auto`` samples a sum of two or more conditioned models that all have a trained null
   condition (label dropout) in its guided form ``E_0 + sum_i s_i w_i (E_i(x | c_i) - E_i(x | 0))``, with each
   model's own guidance scale ``s_i``, and so one conditioned model whose defaults ask for it
-  (``SamplingDefaults.guided_alone``: classifier-free guidance); anything else as written. ``plain`` samples as
-  written; ``guided`` asks for the guided form (one line naming a term that has none). In every form a disjunction
-  is a mixture (`composable_ebm.energy.branches`): each chain draws one branch with probability its share, and the
-  branch is sampled in the form, with the settings of the first branch; a plain sum of models trained with label
-  dropout warns that its guided form is the one that composes;
+  (``SamplingDefaults.guided_alone``: classifier-free guidance), a weight or temperature on it scaling its guidance
+  (`weighted_alone`); anything else as written. ``plain`` samples as written; ``guided`` asks for the guided form
+  (one line naming a term that has none). In every form a disjunction is a mixture
+  (`composable_ebm.energy.branches`): each chain draws one branch with probability its share, and the branch is
+  sampled in the form, with the settings of the first branch. A plain sum of models trained with label dropout
+  warns that its guided form is the one that composes, and one that negates such a model is refused in one line
+  (its plain difference also rewards what the model finds unlikely in general);
 - **the settings** (`default_settings`): a trained model's own (`SamplingDefaults`, from its ``config.json``;
   on its own, with its ``alone`` settings), a composite's derived from its parts (below), else the sampler's
   defaults; keyword overrides win;
@@ -89,13 +91,22 @@ def has_guided_form(energy: Energy) -> bool:
         isinstance(t, Conditioned) and t.base.has_null_condition for t in energy.terms)
 
 
+def weighted_alone(energy: Energy) -> bool:
+    """Whether ``energy`` is a positive weight or a temperature on one model drawn guided on its own (``2 * a``,
+    ``a / T``): its guided form scales that model's guidance, as a weight does in a guided sum."""
+    return (isinstance(energy, WeightedSum) and len(energy.terms) == 1 and energy.weights[0] > 0
+            and has_guided_form(energy.terms[0]))
+
+
 def composed(energy: Energy, form: str = "auto") -> Energy:
     """The energy the sampler runs for ``energy`` in ``form`` (one of `FORMS`); see the module's docstring."""
     if not isinstance(form, str) or form not in FORMS:
         raise InvalidInputError(f"unknown composition form {form!r}; valid choices: {list(FORMS)}")
     if isinstance(energy, Disjunction) or len(branches(energy)) > 1:  # a mixture: each branch in the form
         return mixture(energy, lambda branch: composed(branch, form))
-    if isinstance(energy, Guided) or form == "plain" or (form == "auto" and not has_guided_form(energy)):
+    if isinstance(energy, Guided) or form == "plain":
+        return energy
+    if form == "auto" and not has_guided_form(energy) and not weighted_alone(energy):
         return energy
     return guided(energy, guidance_scale, guidance_interval)
 
@@ -208,6 +219,8 @@ def plan(energy: Energy, form: str = "auto", config: ChainSettings | None = None
     _check_one_family(energy)
     trained_levels(energy)
     runs = composed(energy, form)
+    if form == "plain":
+        _check_plain_negation(energy)
     if form == "plain" and any(isinstance(b, WeightedSum) and has_guided_form(b) for _, b in branches(energy)):
         warnings.warn(f"sampling {energy.expression()} in the plain form: its models were trained with a null"
                       " condition (label dropout), and their plain sums measured far less accurate than the guided"
@@ -346,6 +359,23 @@ def tail_weight(energy: Energy) -> float:
     if isinstance(energy, Disjunction):
         return min(tail_weight(t) for t in energy.terms)
     return 1.0
+
+
+def _check_plain_negation(energy: Energy) -> None:
+    """Refuse a plain difference that negates a model trained with a null condition: ``-w E(x | b)`` also rewards
+    what that model finds unlikely in general, so the plain form draws more of ``b``, not less (docs/algebra.md);
+    its guided form negates only what the model says about ``b``."""
+    for _, branch in branches(energy):
+        if not isinstance(branch, WeightedSum):
+            continue
+        negated = [t for w, t in zip(branch.weights, branch.terms, strict=True)
+                   if w < 0 and isinstance(t, Conditioned) and t.base.has_null_condition]
+        if negated:
+            raise InvalidInputError(
+                f"{branch.expression()} negates {negated[0].expression()} in the plain form, where -E(x | b) also"
+                " rewards what its model finds unlikely in general (off the data); valid choices: form 'auto' or"
+                f" 'guided' (cebm compose's default, or guided(...)), which negates only what the model says about"
+                " its condition")
 
 
 def _check_floor(energy: Energy) -> None:

@@ -19,6 +19,7 @@ import composable_ebm as cebm
 from composable_ebm.analytic import GaussianEnergy, NoisedGaussianEnergy
 from composable_ebm.cli import app
 from composable_ebm.configs import config_from_dict, config_to_dict
+from composable_ebm.data import ImageDataset
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.unet import DenoisingUNetConfig, DenoisingUNetEnergy
 from composable_ebm.pipeline import plan
@@ -74,6 +75,33 @@ def test_the_whole_ladder_ends_at_the_product_at_its_last_level(method):
     assert (result.samples.mean(0) - mean).abs().max() < 0.08
     assert (torch.cov(result.samples.T) - cov).abs().max() < 0.08
     assert result.diagnostics.acceptance.shape == (12 * 25,)
+
+
+@pytest.mark.parametrize(("expression", "moments"), [
+    ("2 * a + b", lambda: weighted_product(2.0, 1.0, 0.05)),
+    ("a + b", lambda: weighted_product(1.0, 1.0, 0.05)),
+    ("a / 2", lambda: (A.mean, 2 * A.covariance(0.05))),
+    ("a / 0.5", lambda: (A.mean, 0.5 * A.covariance(0.05))),
+])
+def test_a_weight_and_a_temperature_end_the_ladder_at_their_closed_form(expression, moments):
+    """Down the whole ladder with MALA transitions, ``w_a E_a + w_b E_b`` ends at the precision-weighted product of
+    the two Gaussians at the last level, so ``2 * a + b`` lies nearer ``a`` than ``a + b`` does, and ``a / T`` at
+    ``a``'s distribution with its covariance times ``T``: wider for ``T > 1``, narrower for ``T < 1``."""
+    energy = {"2 * a + b": 2 * A + B, "a + b": A + B, "a / 2": A / 2, "a / 0.5": A / 0.5}[expression]
+    mean, cov = moments()
+    ladder = LadderConfig(levels=12, sigma_min=0.05, sigma_max=3.0, denoise=False, method="mala", steps=25,
+                          step_size=1.0)
+    x = sample(energy, 4000, ladder, seed=5).samples
+    tol = 0.05 + 0.05 * float(cov.diagonal().max())
+    assert (x.mean(0) - mean).abs().max() < tol
+    assert (torch.cov(x.T) - cov).abs().max() < tol
+
+
+def weighted_product(wa: float, wb: float, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and covariance of ``N(mu_a, C_a + sigma^2 I)^wa N(mu_b, C_b + sigma^2 I)^wb``, normalised."""
+    pa, pb = wa * torch.linalg.inv(A.covariance(sigma)), wb * torch.linalg.inv(B.covariance(sigma))
+    cov = torch.linalg.inv(pa + pb)
+    return cov @ (pa @ A.mean + pb @ B.mean), cov
 
 
 def test_first_steps_take_the_chains_from_the_start_noise_to_the_first_levels_distribution():
@@ -476,6 +504,66 @@ def test_the_loss_weighting_is_checked_in_one_line():
     trainer = Trainer(tiny_unet(attributes={}, null_condition=False), torch.rand(16, 3, 8, 8),
                       TrainerConfig(steps=2, batch_size=4, objective=DenoisingConfig(loss_weighting="edm")))
     assert trainer.objective.loss.weighting == "edm" and math.isfinite(trainer.train_step().loss_dsm)
+
+
+def colour_patches(n: int, seed: int) -> ImageDataset:
+    """8x8 images of one flat colour, red for two thirds of them and green for the rest, labelled by colour."""
+    g = torch.Generator().manual_seed(seed)
+    colour = (torch.rand(n, generator=g) > 2 / 3).long()  # 0: red, 1: green
+    images = torch.full((n, 3, 8, 8), 0.1)
+    images[:, 0][colour == 0] = 0.9
+    images[:, 1][colour == 1] = 0.9
+    images = (images + 0.03 * torch.randn(images.shape, generator=g)).clamp(0, 1)
+    return ImageDataset(images, {"color": colour}, {"color": ("red", "green")})
+
+
+def test_the_classifier_term_is_the_implicit_classifiers_cross_entropy_and_only_when_asked():
+    """``loss = denoising + w * CE`` with CE over ``-E(x_sigma | c) + log p(c)``, ``p(c)`` the labels' shares; items
+    under the null condition take no part; the step records the term, and a weight of 0 computes none."""
+    from composable_ebm.training.denoising import implicit_classifier_loss
+
+    model, data = randomize(tiny_unet()), colour_patches(12, 0)
+    x, y = data.images, data.labels["color"].clone()
+    y[:3] = -1  # dropped to the null condition
+    sigma = torch.full((12,), 0.2)
+    shares = torch.tensor([0.7, 0.3])
+    ce = implicit_classifier_loss(model, x, sigma, {"color": y}, {"color": shares.log()})
+    logits = torch.stack([-model(x, {"color": torch.full((12,), c)}, sigma=sigma) for c in (0, 1)], 1) + shares.log()
+    expected = torch.nn.functional.cross_entropy(logits[3:], y[3:])
+    assert float(ce.detach()) == pytest.approx(float(expected.detach()), rel=1e-5)
+    trainer = Trainer(model, data, TrainerConfig(steps=1, batch_size=8, objective=DenoisingConfig(classifier_weight=2.0)))
+    assert trainer.objective.loss.log_shares["color"].exp().tolist() == pytest.approx(
+        [float((data.labels["color"] == 0).float().mean()), float((data.labels["color"] == 1).float().mean())])
+    record = trainer.train_step()
+    assert record.loss == pytest.approx(record.loss_dsm + 2.0 * record.loss_classifier, rel=1e-5)
+    assert record.loss_classifier > 0 and "loss_classifier" in record.to_log()
+    off = Trainer(model, data, TrainerConfig(steps=1, batch_size=8)).train_step()
+    assert off.loss_classifier is None and off.loss == off.loss_dsm
+    with pytest.raises(InvalidInputError, match=r"classifier_weight must be a finite number in \[0, inf\)"):
+        DenoisingConfig(classifier_weight=-1.0)
+    with pytest.raises(InvalidInputError, match="trained on no labelled attribute"):
+        Trainer(tiny_unet(attributes={}, null_condition=False), torch.rand(8, 3, 8, 8),
+                TrainerConfig(steps=1, batch_size=4, objective=DenoisingConfig(classifier_weight=1.0)))
+
+
+@pytest.mark.learning
+def test_the_classifier_term_makes_the_conditions_energies_read_the_condition():
+    """Trained on two colours (2 : 1) with the classifier term, ``argmin_c E(x_sigma, sigma | c)`` reads the colour of
+    noised images at every level; denoising alone leaves each condition's level free (it read 0.33 here: every
+    image taken for the rarer colour)."""
+    data, test = colour_patches(600, 1), colour_patches(200, 2)
+    torch.manual_seed(0)
+    model = tiny_unet(sigma_min=0.02, sigma_max=2.0, sigma_data=0.35)
+    trainer = Trainer(model, data, TrainerConfig(steps=300, batch_size=32, lr=2e-3, ema_decay=0.9, dequantize=False,
+                                                 label_dropout=0.1, log_every=300,
+                                                 objective=DenoisingConfig(classifier_weight=1.0)))
+    trainer.fit()
+    for level in (0.1, 0.3, 1.0):
+        sigma = torch.full((200,), level)
+        noised = test.images + level * torch.randn(test.images.shape, generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            e = torch.stack([trainer.ema(noised, {"color": torch.full((200,), c)}, sigma=sigma) for c in (0, 1)], 1)
+        assert float((e.argmin(1) == test.labels["color"]).float().mean()) > 0.95, level
 
 
 def test_a_noise_conditioned_energy_is_a_declared_type_the_pipeline_and_objective_ask():

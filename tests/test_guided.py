@@ -135,6 +135,32 @@ def test_guided_alone_samples_one_conditioned_model_with_classifier_free_guidanc
         SamplingDefaults.from_flat({**flat, "guided_alone": "yes"}, ladder=False)
 
 
+def test_a_weight_or_temperature_on_a_model_drawn_guided_alone_scales_its_guidance(color):
+    """``red / T`` of a model sampled guided on its own is its guided form with the guidance over ``T``,
+    ``E(x | 0) + (s / T) (E(x | red) - E(x | 0))``, as a weight scales a term's guidance in a guided sum: ``T > 1``
+    draws nearer the model's unconditional samples, ``T < 1`` pulls harder to the condition. The plain form stays
+    as written."""
+    x = torch.rand(4, 3, 8, 8)
+    red = color.condition(color="red")
+    color.sampling_defaults = SamplingDefaults(SamplerConfig(steps=3), guidance_scale=3.0, guided_alone=True)
+    null = color(x, {"color": torch.full((4,), NULL)})
+    for energy, w in ((red / 2, 0.5), (2 * red, 2.0), (red / 0.5, 2.0)):
+        torch.testing.assert_close(composed(energy)(x), null + 3.0 * w * (red(x) - null))
+        torch.testing.assert_close(composed(energy, "plain")(x), w * red(x))
+    assert composed(-red, "auto") is not None and not isinstance(composed(-red), Guided)  # no floor: refused later
+
+
+def test_a_plain_difference_that_negates_a_model_with_a_null_condition_is_one_line_naming_the_guided_form(color, shape):
+    blue, square = color.condition(color="blue"), shape.condition(shape="square")
+    for energy in (blue - square, blue - 0.5 * square, blue + shape.condition(shape="circle") - 2 * square):
+        with pytest.raises(InvalidInputError, match=r"negates shape\[square\] in the plain form.*valid choices: form"
+                                                    r" 'auto' or 'guided'"):
+            energy.sample(2, seed=0, steps=1, form="plain")
+        energy.sample(2, seed=0, steps=1)  # the default, guided form negates only what the model says about squares
+    plain = model("shape", "shape", ("circle", "square", "triangle"), null=False)
+    (blue - 0.5 * plain.condition(shape="square")).sample(2, seed=0, steps=1, form="plain")  # no guided form: as written
+
+
 def test_a_model_without_a_null_condition_refuses_to_be_sampled_unbound_or_guided():
     plain = model("color", "color", ("red", "green", "blue"), null=False)
     with pytest.raises(InvalidInputError, match=r"without a null condition.*color\[color=\.\.\.\]"):

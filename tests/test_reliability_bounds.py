@@ -172,30 +172,35 @@ def test_the_api_bounds_the_number_of_samples_in_one_line():
 @pytest.mark.parametrize("expression", [
     "faces-glasses[glasses=yes] - faces-hat[hat=yes]",
     "-faces-hat[hat=yes]",
+    "faces-glasses[glasses=yes] - 0.5*faces-hat[hat=yes]",
     "faces-glasses[glasses=yes] - 2*faces-hat[hat=yes] + faces-smiling[smiling=yes]",
     "(faces-glasses[glasses=yes] - faces-hat[hat=yes]) | faces-smiling[smiling=yes]",
 ])
-def test_a_plain_difference_of_noise_conditioned_models_is_refused_naming_the_guided_form(tmp_path, expression):
-    """Their weights total 0 or less far from the data, so the chains fall away and end as noise: one line, exit 2,
-    no file written; the same expression in the default form samples."""
+def test_a_plain_difference_of_models_with_a_null_condition_is_refused_naming_the_guided_form(tmp_path, expression):
+    """A plain negation of such a model also rewards what the model finds unlikely in general (with no floor, its
+    chains fall away and end as noise): one line naming the guided form, exit 2, no file written."""
     out = tmp_path / "g.png"
     result = runner.invoke(app, ["--threads", "1", "compose", "--form", "plain", "-n", "1", "-o", str(out), "--",
                                  expression])
-    assert result.exit_code == 2 and "has no floor" in result.output and "guided" in result.output, result.output
+    assert result.exit_code == 2 and "in the plain form" in result.output and "'guided'" in result.output, result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
     assert not out.exists()
 
 
-def test_a_plain_difference_with_a_floor_is_planned_and_the_guided_difference_samples():
+def test_a_noise_conditioned_difference_without_a_floor_is_refused_and_the_guided_difference_samples():
+    from composable_ebm.analytic import NoisedGaussianEnergy
     from composable_ebm.energy import Guided
     from composable_ebm.pipeline import plan
 
+    a = NoisedGaussianEnergy(torch.tensor([1.0, 0.0]), torch.eye(2), name="a")
+    b = NoisedGaussianEnergy(torch.tensor([-1.0, 0.0]), torch.eye(2), name="b")
+    plan(a - 0.5 * b, "plain")  # weights total 0.5: it has a floor
+    with pytest.raises(InvalidInputError, match="has no floor: its weights total 0"):
+        (a - b).sample(n=1, form="plain")
     glasses = cebm.load("faces-glasses").condition(glasses="yes")
     hat = cebm.load("faces-hat").condition(hat="yes")
-    plan(glasses - 0.5 * hat, "plain")  # weights total 0.5: it has a floor
     assert isinstance(plan(glasses - hat).energy, Guided)  # auto: the guided form, which has one
     assert (glasses - hat).sample(n=1, seed=0, steps=1, levels=2, first_steps=1).shape == (1, 3, 16, 16)
-    with pytest.raises(InvalidInputError, match="has no floor"):
-        (glasses - hat).sample(n=1, form="plain")
 
 
 # ------------------------------------------------------------------------------------------------- faces renderer

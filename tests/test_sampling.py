@@ -207,8 +207,10 @@ def test_composite_of_conditional_networks_samples_end_to_end(color_model, shape
     images = composite.sample(n=4, seed=0)
     assert images.shape == (4, 3, 8, 8)
     assert images.min() >= 0 and images.max() <= 1
-    # per-call overrides win over the derived defaults; form="plain" samples the sum as written
-    result = composite.sample_result(n=2, seed=0, steps=2, rounds=3, keep_every=2, form="plain")
+    # per-call overrides win over the derived defaults; form="plain" samples the sum as written (a plain sum that
+    # negates a model with a null condition is refused: tests/test_guided.py)
+    plain = red + circle + 0.5 * shape_model.condition(shape="triangle")
+    result = plain.sample_result(n=2, seed=0, steps=2, rounds=3, keep_every=2, form="plain")
     assert result.config.step_size == pytest.approx(10.0 / 3) and result.config.steps == 2
     assert result.diagnostics.energy.shape == (6,)
 

@@ -110,6 +110,14 @@ class DenoisingConfig(JSONConfig):
     (Ho et al. 2020); `edm`, that error times ``1 + sigma^2 / sigma_data^2``, which is Karras et al. 2022's weighting
     of the denoised image's error (the high levels, where an image's layout and colours are decided, count more),
     scaled to a mean of 1 over the levels trained on. `edm` needs a model that states its ``sigma_data``."""
+    classifier_weight: float = 0.0
+    """Weight of the implicit classifier's cross-entropy (0: off): at each noised training point, for each attribute,
+    ``softmax_c(-E(x_sigma, sigma | c) + log p(c))`` over the attribute's values (``p(c)``: their shares of the
+    training labels) should read the value the point was drawn from. Denoising trains only an energy's gradient;
+    this term also fixes its level per condition, so that ``E(x | a) - E(x | b)`` is the log-odds of ``b`` over
+    ``a`` at that level and a disjunction's ``-logsumexp`` weighs its parts as their densities (as in joint energy
+    models, Grathwohl et al. 2020, and diffusion classifiers). One extra forward and backward pass per value of each
+    attribute, on the items not dropped to the null condition."""
     precision: Literal["float32", "bfloat16"] = "float32"
     """Arithmetic of the loss: `bfloat16` runs it under autocast (matrix products and convolutions in bfloat16;
     weights, optimiser, EMA and the loss in float32). Falls back to float32, with a warning, on a GPU without
@@ -120,6 +128,7 @@ class DenoisingConfig(JSONConfig):
             raise InvalidInputError(f"unknown loss_weighting {self.loss_weighting!r}; valid choices: {list(WEIGHTINGS)}")
         if self.precision not in PRECISIONS:
             raise InvalidInputError(f"unknown precision {self.precision!r}; valid choices: {list(PRECISIONS)}")
+        check_range("DenoisingConfig", "classifier_weight", self.classifier_weight, 0.0)
 
 
 ObjectiveConfig = ContrastiveConfig | DenoisingConfig

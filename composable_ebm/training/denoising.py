@@ -12,6 +12,10 @@ levels, where the chains decide an image's layout and colours, count least. ``we
 level's loss by ``1 + sigma^2 / sigma_data^2``, which is the weighting of Karras et al. 2022 ("Elucidating the
 Design Space of Diffusion-Based Generative Models", Eq. 8 with their ``lambda(sigma)``, written on the noise), divided
 by its mean over the levels drawn, so the weights average 1.
+
+Denoising trains an energy's input gradient, not its level: each condition's energy is free up to a constant per
+level. ``classifier_weight`` adds the implicit classifier's cross-entropy (`implicit_classifier_loss`), which fixes
+those constants so that the conditions' energies at one level differ by their log-odds.
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ MAX_GRAPHED_DATA_BYTES = 1 << 31
 class DenoisingOutput:
     """The loss of one iteration and its statistics."""
 
-    loss: Tensor  # mean squared error of the predicted noise, per pixel
+    loss: Tensor  # the objective: the denoising loss, plus the weighted classifier term when it is on
     energy: Tensor  # mean energy of the noised points (detached)
+    denoising: Tensor  # mean squared error of the predicted noise, per pixel (detached)
+    classifier: Tensor | None = None  # the implicit classifier's cross-entropy (detached), None when off
 
 
 def noise_range(energy: Energy) -> tuple[float, float]:
@@ -71,9 +77,16 @@ class DenoisingObjective(nn.Module):
     """The denoising score-matching loss of ``energy`` as a module (so DDP can wrap it), its levels weighted as
     ``weighting`` says (`WEIGHTINGS`; module docstring)."""
 
-    def __init__(self, energy: Energy, weighting: str = "noise") -> None:
+    def __init__(self, energy: Energy, weighting: str = "noise", classifier_weight: float = 0.0,
+                 value_shares: dict[str, Tensor] | None = None) -> None:
         super().__init__()
         self.energy = energy
+        self.classifier_weight = float(classifier_weight)
+        self.log_shares = {a: torch.log(p.clamp_min(1e-12)) for a, p in (value_shares or {}).items()}
+        if self.classifier_weight > 0 and not self.log_shares:
+            raise InvalidInputError(f"classifier_weight {classifier_weight:g} asks for the implicit classifier of"
+                                    f" {energy.name}'s conditions, and it is trained on no labelled attribute; valid"
+                                    " choices: classifier_weight = 0, or a conditional model with labelled data")
         self.low, self.high = noise_range(energy)
         if weighting not in WEIGHTINGS:
             raise InvalidInputError(f"unknown loss weighting {weighting!r}; valid choices: {list(WEIGHTINGS)}")
@@ -92,7 +105,10 @@ class DenoisingObjective(nn.Module):
         noised = x + sigma.view((-1,) + (1,) * (x.ndim - 1)) * z
         weight = edm_weights(sigma, self.sigma_data, self.low, self.high) if self.weighting == "edm" else None
         loss, e = self.noise_prediction(noised, sigma, z, labels, weight)
-        return DenoisingOutput(loss, e.detach().mean())
+        if self.classifier_weight == 0 or not labels:
+            return DenoisingOutput(loss, e.detach().mean(), loss.detach())
+        ce = implicit_classifier_loss(self.energy, noised, sigma, labels, self.log_shares)
+        return DenoisingOutput(loss + self.classifier_weight * ce, e.detach().mean(), loss.detach(), ce.detach())
 
     def noise_prediction(self, noised: Tensor, sigma: Tensor, z: Tensor, labels: Labels | None,
                          weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -106,12 +122,46 @@ class DenoisingObjective(nn.Module):
         return noise_prediction_loss(grad, sigma, z, weight), e
 
 
+def implicit_classifier_loss(energy: Energy, noised: Tensor, sigma: Tensor, labels: Labels,
+                             log_shares: dict[str, Tensor]) -> Tensor:
+    """The cross-entropy of the conditions' implicit classifier at the noised points, averaged over the attributes of
+    ``log_shares`` (attribute -> log of each value's share of the training labels): for each attribute, the energy of
+    every item under each of its values (the other attributes as labelled), and ``-E(x_sigma, sigma | c) + log p(c)``
+    as the logits of the value the item was drawn from. Items dropped to the null condition for that attribute count
+    for nothing (masked, so the shapes never depend on the data: a CUDA graph can replay it). Minimised,
+    ``exp(-E(x | c))`` is ``p(x | c)`` times one factor per level shared by every value."""
+    noised = noised.detach()
+    n = noised.shape[0]
+    terms = []
+    for attr, log_share in log_shares.items():
+        k, y = log_share.numel(), labels[attr]
+        rest = {a: v.repeat(k) for a, v in labels.items() if a != attr}
+        values = torch.arange(k, device=noised.device).repeat_interleave(n)
+        e = energy(noised.repeat((k,) + (1,) * (noised.ndim - 1)), {**rest, attr: values}, sigma=sigma.repeat(k))
+        logits = -e.float().view(k, n).T + log_share.to(noised.device)
+        keep = (y >= 0).float()
+        ce = torch.nn.functional.cross_entropy(logits, y.clamp_min(0).long(), reduction="none")
+        terms.append((ce * keep).sum() / keep.sum().clamp_min(1.0))
+    return torch.stack(terms).mean()
+
+
 def noise_prediction_loss(grad: Tensor, sigma: Tensor, z: Tensor, weight: Tensor | None = None) -> Tensor:
     """The mean squared error, per pixel, of ``sigma`` (``(B,)``) times the energy's input gradient ``grad`` as a
     prediction of the noise ``z``; with ``weight`` (``(B,)``), each item's error times its weight."""
     shape = (-1,) + (1,) * (grad.ndim - 1)
     error = (sigma.view(shape) * grad - z).pow(2)
     return (error if weight is None else error * weight.view(shape)).mean()
+
+
+def value_shares(trainer: Loop) -> dict[str, Tensor]:
+    """Each labelled attribute's values' shares of the training labels (the implicit classifier's prior)."""
+    attributes = getattr(trainer.energy, "attributes", None) or {}
+    out = {}
+    for a, v in getattr(trainer, "labels", {}).items():
+        if a in attributes:
+            counts = torch.bincount(v[v >= 0].long().cpu(), minlength=len(attributes[a])).float()
+            out[a] = counts / counts.sum().clamp_min(1.0)
+    return out
 
 
 class DenoisingScoreMatching:
@@ -121,14 +171,16 @@ class DenoisingScoreMatching:
 
     def __init__(self, trainer: Loop, config: DenoisingConfig) -> None:
         self.trainer, self.config = trainer, config
-        self.loss = trainer.parallel(DenoisingObjective(trainer.energy, config.loss_weighting))
+        self.loss = trainer.parallel(DenoisingObjective(trainer.energy, config.loss_weighting,
+                                                        config.classifier_weight, value_shares(trainer)))
         self._graph: tuple[torch.cuda.CUDAGraph, Tensor, list[Tensor | None]] | None = None
         self._graph_failed = False  # a capture failed: it runs eagerly from then on
 
     def step(self) -> StepRecord:
         stats = self._replay() if self._graphable() else None
-        loss, e_noised, grad_norm = (self._stats() if stats is None else stats).tolist()
-        return StepRecord(loss=loss, e_noised=e_noised, grad_norm=grad_norm, loss_dsm=loss)
+        loss, e_noised, grad_norm, dsm, classifier = (self._stats() if stats is None else stats).tolist()
+        return StepRecord(loss=loss, e_noised=e_noised, grad_norm=grad_norm, loss_dsm=dsm,
+                          loss_classifier=classifier if self.config.classifier_weight > 0 else None)
 
     def applied(self) -> None:
         """Nothing to keep from an applied iteration."""
@@ -138,14 +190,17 @@ class DenoisingScoreMatching:
         return fault_reason(record, None)
 
     def _stats(self) -> Tensor:
-        """Positives, the loss, its backward pass and the clip; returns the loss, the noised points' mean energy and
-        the gradient norm as one float tensor on the device (nothing is read back)."""
+        """Positives, the loss, its backward pass and the clip; returns the loss, the noised points' mean energy, the
+        gradient norm, the denoising loss and the classifier term (0 when off) as one float tensor on the device
+        (nothing is read back)."""
         loop = self.trainer
         x_pos, pos_labels = loop.positives(loop.config.batch_size)
         with autocast(loop.device.type, self.config.precision, doing="training"):
             noised: DenoisingOutput = self.loss(x_pos, pos_labels or None, loop.generator)
         grad_norm = loop.backward(noised.loss)
-        return torch.stack([noised.loss.detach().float(), noised.energy.float(), grad_norm.float()])
+        classifier = noised.classifier if noised.classifier is not None else torch.zeros_like(noised.denoising)
+        return torch.stack([noised.loss.detach().float(), noised.energy.float(), grad_norm.float(),
+                            noised.denoising.float(), classifier.float()])
 
     def _graphable(self) -> bool:
         """Whether this iteration replays a CUDA graph (`_replay`): on by default on CUDA (`use_cuda_graphs`), for
@@ -200,8 +255,14 @@ class DenoisingScoreMatching:
 
     # ------------------------------------------------------------- its cost
     def evaluations_per_step(self) -> int:
-        """About three evaluations' worth: one with a differentiable gradient, then its backward pass."""
-        return 3
+        """About three evaluations' worth: one with a differentiable gradient, then its backward pass; with the
+        classifier term, two more (a forward and its backward pass) per value of each attribute."""
+        extra = 2 * sum(p.numel() for p in self.loss_module().log_shares.values()) if self.config.classifier_weight else 0
+        return 3 + extra
+
+    def loss_module(self) -> DenoisingObjective:
+        """The objective (unwrapped from DDP where the run is distributed)."""
+        return getattr(self.loss, "module", self.loss)
 
     def state_bytes(self) -> int:
         return 0

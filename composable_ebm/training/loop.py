@@ -23,6 +23,7 @@ class Loop(Protocol):
     device: torch.device
     generator: torch.Generator
     images: Tensor
+    labels: dict[str, Tensor]
     optimizer: torch.optim.Optimizer
     distributed: bool
 

@@ -25,6 +25,7 @@ class StepRecord:
     e_diff: float | None = None  # e_pos - e_neg (of the unrounded means)
     langevin_grad_norm: float | None = None  # mean |dE/dx| at the last Langevin step's start
     loss_dsm: float | None = None  # denoising score matching: mean squared error of the predicted noise
+    loss_classifier: float | None = None  # denoising: the implicit classifier's cross-entropy, unweighted
     e_noised: float | None = None  # denoising: mean energy of the noised points
     grad_norm_cd: float | None = None  # |d L_CD / d params|, on logged steps
     grad_norm_kl: float | None = None  # |d L_KL / d params|, on logged steps with a KL term
