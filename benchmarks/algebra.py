@@ -18,6 +18,11 @@ expression's energy as written through the low-level sampler (`composable_ebm.sa
 
 Contact sheets put each row's first samples beside renders of what it asks for; the table goes into
 docs/benchmarks.md.
+
+Another model in place of a bundled one (``--model faces-hair=runs/hair/model --only 0 2``), and how often a model's
+lowest-energy condition reads the attribute of noised renders (its levels compared across conditions)::
+
+    python -m benchmarks.algebra --implicit-classifier faces-hair hair
 """
 
 from __future__ import annotations
@@ -303,6 +308,25 @@ def report(results: list[dict], samples: dict[str, torch.Tensor], n: int, minute
     write_section("algebra", "\n".join(full), short="\n".join(short))
 
 
+def implicit_classifier(model_path: str, attribute: str, levels: tuple[float, ...] = (0.1, 0.5, 2.0),
+                        n: int = 512) -> dict[float, float]:
+    """How often ``argmin_c E(x_sigma, sigma | c)`` reads the ``attribute`` of fresh face renders noised to each level:
+    whether the model's conditions' energies sit at comparable levels (`DenoisingConfig.classifier_weight`)."""
+    model = load(model_path).eval()
+    images, labels = renders("faces")
+    x, y = images[:n], labels[attribute][:n]
+    values = model.attributes[attribute]
+    generator = torch.Generator().manual_seed(0)
+    out = {}
+    for level in levels:
+        noised = x + level * torch.randn(x.shape, generator=generator)
+        sigma = torch.full((n,), level)
+        with torch.no_grad():
+            e = torch.stack([model(noised, {attribute: torch.full((n,), c)}, sigma=sigma) for c in range(len(values))], 1)
+        out[level] = float((e.argmin(1) == y).float().mean())
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=256, help="samples per row")
@@ -314,7 +338,12 @@ def main() -> None:
     parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md or docs/images")
     parser.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
                         help="measure the model at PATH wherever a row names NAME (e.g. a fine-tuned faces-hair)")
+    parser.add_argument("--implicit-classifier", nargs=2, metavar=("MODEL", "ATTRIBUTE"), default=None,
+                        help="only read how often MODEL's lowest-energy condition is the ATTRIBUTE of noised renders")
     args = parser.parse_args()
+    if args.implicit_classifier:
+        print(json.dumps(implicit_classifier(*args.implicit_classifier)))
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -66,6 +66,16 @@ def recipe_text(path) -> list[tuple[str, str]]:
     return parts
 
 
+def pipeline_tag(model: nn.Module) -> str | None:
+    """The Hub task of a model: an image energy without conditions generates unconditionally; a conditional one
+    generates what it is conditioned on, which no Hub task names (so none is claimed); a classifier classifies."""
+    if not isinstance(model, Energy):
+        return "image-classification"
+    if len(getattr(model, "input_shape", ())) == 3 and not getattr(model, "attributes", None):
+        return "unconditional-image-generation"
+    return None
+
+
 def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = None, recipe_name: str | None = None, steps: int | None = None,
                notes: str | None = None, repo_id: str | None = None, datasets: list[str] | None = None,
                metrics: list[str] | None = None, location: str | None = None, license: str | None = None,
@@ -83,9 +93,7 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
     energy = isinstance(model, Energy)
     kind = a_type(model)
     lines = [
-        card_metadata(datasets, metrics, license, name, eval_results,
-                      "unconditional-image-generation" if energy and len(getattr(model, "input_shape", ())) == 3
-                      else ("image-classification" if not energy else None)),
+        card_metadata(datasets, metrics, license, name, eval_results, pipeline_tag(model)),
         "",
         f"# {name}",
         "",

@@ -396,7 +396,7 @@ def test_a_users_card_loads_the_users_model_states_only_this_run_and_sets_no_lic
     exec(usage, namespace)  # noqa: S102 - the card's example, as the user would paste it
     assert namespace["model"].name == "mine" and str(run / "model") in usage
     assert "license" not in card.split("---")[1] and "must not reach" not in card
-    assert "arxiv:2012.01316" in card and "pipeline_tag: unconditional-image-generation" in card
+    assert "arxiv:2012.01316" in card and "pipeline_tag" not in card  # conditional: no Hub task names it
     (embedded,) = re.findall(r"```toml\n(.*?)\n```", card, re.DOTALL)  # one file: its recipe has no base
     assert tomllib.loads(embedded)["model"]["name"] == "mine"  # complete: it parses on its own
     assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "3",
@@ -477,3 +477,31 @@ def test_compose_form_option_picks_the_sampled_energy_and_refuses_an_unknown_for
     assert plain.exit_code == 0 and "sampling (shapes-color[red] + shapes-shape[circle])" in plain.output
     bad = runner.invoke(app, ["compose", expression, "--form", "mixed", "-o", str(tmp_path / "b.png")])
     assert bad.exit_code == 2 and "'mixed' is not one of 'auto', 'plain', 'guided'" in bad.output
+
+
+def test_the_threads_option_is_taken_after_the_command_too(tmp_path):
+    """`cebm compose ... --threads 1` is `cebm --threads 1 compose ...`; after `--` it is an argument; out of range
+    it is one line wherever it is written."""
+    from composable_ebm.cli.common import _THREADS, hoisted
+
+    assert hoisted(["compose", "e", "-n", "1", "--threads", "1"]) == ["--threads", "1", "compose", "e", "-n", "1"]
+    assert hoisted(["eval", "compose", "e", "--threads=2", "--debug"]) == ["--threads=2", "--debug", "eval", "compose", "e"]
+    assert hoisted(["compose", "--", "--threads", "1"]) == ["compose", "--", "--threads", "1"]
+    out = tmp_path / "g.png"
+    result = runner.invoke(app, ["compose", "shapes-color[color=red]", "-n", "1", "--steps", "1", "--threads", "1",
+                                 "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.is_file() and _THREADS["n"] == 1
+    bad = runner.invoke(app, ["compose", "shapes-color[color=red]", "-n", "1", "--threads", "0", "-o", str(out)])
+    assert bad.exit_code == 2 and "--threads must be a whole number from 1" in bad.output
+
+
+def test_a_classifier_of_another_image_size_is_one_line_not_a_silent_score(tmp_path):
+    """`cebm eval compose` with a 32-px classifier on 16-px samples: one line naming both sizes and --size."""
+    clf = AttributeClassifier(ClassifierConfig(name="clf32", image_size=32, attributes={"color": ("red", "green", "blue")}))
+    save_model(clf, tmp_path / "clf32")
+    result = runner.invoke(app, ["--threads", "1", "eval", "compose", "shapes-color[color=red]", "--classifier",
+                                 str(tmp_path / "clf32"), "-t", "color=red", "-n", "2", "--steps", "1"])
+    assert result.exit_code == 2, result.output
+    assert "reads 32x32 images with 3 channel(s), got images of shape (3, 16, 16)" in result.output
+    assert "cebm train-classifier --size" in result.output

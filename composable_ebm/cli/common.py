@@ -28,8 +28,36 @@ MAX_SAMPLES = 1 << 20
 imports no torch."""
 
 
+GLOBAL_OPTIONS = {"--threads": 1, "--debug": 0}
+"""The options of `cebm` itself that may also be written after the command (how many values each takes)."""
+
+
+def hoisted(args: list[str]) -> list[str]:
+    """``args`` with `GLOBAL_OPTIONS` written after the command moved before it, so ``cebm compose ... --threads 1``
+    means ``cebm --threads 1 compose ...``; nothing after a ``--`` moves (it is an argument there)."""
+    front, rest, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        name = arg.split("=", 1)[0]
+        if name in GLOBAL_OPTIONS:  # before or after the command's name: with its value, before it
+            width = 0 if "=" in arg else GLOBAL_OPTIONS[name]
+            front += args[i:i + 1 + width]
+            i += 1 + width
+            continue
+        (rest if rest or not arg.startswith("-") else front).append(arg)
+        i += 1
+    return front + rest
+
+
 class _Group(TyperGroup):
-    """Reports the library's errors as one line and an exit status instead of a traceback."""
+    """Reports the library's errors as one line and an exit status instead of a traceback; takes `cebm`'s own
+    options after the command too (`hoisted`)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, hoisted(list(args)))
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:

@@ -74,7 +74,14 @@ class AttributeClassifier(Pretrained, nn.Module):
         self.feature_dim = cin
 
     def features(self, x: Tensor) -> Tensor:
-        """Penultimate features ``(B, feature_dim)``: a feature network for FID on small images."""
+        """Penultimate features ``(B, feature_dim)``: a feature network for FID on small images. Images of another
+        size or number of channels than it was trained on are one line (the network would read them, wrongly)."""
+        c = self.config
+        if x.ndim != 4 or tuple(x.shape[1:]) != (c.in_channels, c.image_size, c.image_size):
+            raise InvalidInputError(
+                f"classifier {c.name} reads {c.image_size}x{c.image_size} images with {c.in_channels} channel(s), got"
+                f" images of shape {tuple(x.shape[1:])}; valid choices: a classifier trained at the images' size"
+                " (cebm train-classifier --size), or images of its size")
         return self.body(x).mean(dim=(2, 3))
 
     def forward(self, x: Tensor) -> dict[str, Tensor]:
