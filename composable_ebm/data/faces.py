@@ -17,7 +17,6 @@ own draw from each face's seed. The same ``n``, ``seed`` and ``size`` give the s
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -29,6 +28,8 @@ from pathlib import Path
 from composable_ebm.configs import MAX_IMAGE_SIZE, check_size
 from composable_ebm.data.base import DataConfig, ImageDataset, dataset
 from composable_ebm.data.folder import attribute_folder
+from composable_ebm.data.npm import TREE_RECORD, cache_root, installed, package_digest, verified  # noqa: F401
+from composable_ebm.data.npm import tree_digest as _tree_digest  # noqa: F401 (the cache's checks, named here too)
 from composable_ebm.errors import InvalidInputError, RunFailure
 
 RENDERER = Path(__file__).resolve().parent / "faces_renderer"
@@ -44,84 +45,25 @@ NODE_LINE = ("rendering faces needs Node.js (18 or newer) and npm on the PATH: a
              " nodejs.org")
 
 
-def cache_root() -> Path:
-    """Where the renderer's packages and rendered folders are kept: ``$CEBM_CACHE`` or ``~/.cache/composable_ebm``."""
-    return Path(os.environ.get("CEBM_CACHE") or Path.home() / ".cache" / "composable_ebm")
-
-
 def renderer_digest() -> str:
     """A digest of the render script and its pinned packages: a cached install or folder of another renderer is
     never reused."""
-    return hashlib.sha256(b"".join((RENDERER / f).read_bytes() for f in RENDERER_FILES)).hexdigest()[:16]
+    return package_digest(RENDERER, RENDERER_FILES)
 
 
-TREE_RECORD = ".cebm-tree"
-"""The file in a renderer's cache folder that records the digest of its installed packages (`_tree_digest`)."""
 RENDER_SECONDS = (600.0, 0.1)
 """How long one render may take before it is stopped: a fixed start plus this many seconds per face, about eight
 times what one face took on a busy 2-core CPU (1,000 faces in 13 s)."""
 
 
-def _tree_digest(folder: Path) -> str:
-    """A digest of every file's path and bytes under ``folder`` (links by their target), in a fixed order."""
-    digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        if path.is_symlink():
-            digest.update(f"{path.relative_to(folder)}->{os.readlink(path)}\0".encode())
-        elif path.is_file():
-            digest.update(f"{path.relative_to(folder)}\0".encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
-
-
 def _verified(home: Path) -> bool:
-    """Whether a cached renderer is the one this package ships: its script and package files byte for byte (their
-    digest names the folder), its installed packages as recorded when ``npm ci`` installed them."""
-    try:
-        if any((home / f).read_bytes() != (RENDERER / f).read_bytes() for f in RENDERER_FILES):
-            return False
-        return (home / TREE_RECORD).read_text().strip() == _tree_digest(home / "node_modules")
-    except OSError:
-        return False
+    """Whether a cached renderer is the one this package ships (`composable_ebm.data.npm.verified`)."""
+    return verified(home, RENDERER, RENDERER_FILES)
 
 
 def _renderer() -> Path:
-    """A copy of the renderer with its packages installed (``npm ci`` from the lockfile, once per lockfile), checked
-    against what this package ships before each use (`_verified`); a cached copy that differs (an edited script, a
-    changed package) is set aside and installed again, never run."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        raise InvalidInputError(NODE_LINE)
-    home = cache_root() / f"faces-renderer-{renderer_digest()}"
-    if home.exists():
-        if _verified(home):
-            return home
-        aside = Path(tempfile.mkdtemp(dir=home.parent, prefix=f".{home.name}-unverified-"))
-        try:
-            os.replace(home, aside / "renderer")
-        except FileNotFoundError:
-            pass  # another process set it aside first
-        shutil.rmtree(aside, ignore_errors=True)
-    home.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=home.parent, prefix=f".{home.name}-"))
-    try:
-        for name in RENDERER_FILES:
-            shutil.copyfile(RENDERER / name, staging / name)
-        done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=staging,
-                              capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            tail = " ".join((done.stderr or done.stdout).split())[-300:]
-            raise RunFailure(f"npm ci of the faces renderer failed ({tail}); the npm registry must be reachable once")
-        (staging / TREE_RECORD).write_text(_tree_digest(staging / "node_modules") + "\n")
-        try:
-            os.replace(staging, home)
-        except OSError:  # another process installed it meanwhile: keep theirs if it checks out
-            if not _verified(home):
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return home
+    """A copy of the renderer with its packages installed, checked before each use (`composable_ebm.data.npm.installed`)."""
+    return installed(RENDERER, RENDERER_FILES, "faces-renderer", "the faces renderer", NODE_LINE)
 
 
 def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, shared: bool = False) -> Path:
