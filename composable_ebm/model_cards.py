@@ -62,8 +62,25 @@ def recipe_text(path) -> list[tuple[str, str]]:
     for name, text in reversed(chain):
         lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
         lines = [line.split("  #")[0].rstrip() if "  #" in line else line for line in lines]
+        lines = [FOLDER_ROOT if line.replace(" ", "").startswith("root=") else line for line in lines]
         parts.append((name, "\n".join(lines)))
     return parts
+
+
+FOLDER_ROOT = 'root = "IMAGES"'
+"""What a card's recipe says for a folder dataset's ``root``: where the images lay on the trainer's machine is no
+fact about the model (and a path there is the owner's business)."""
+
+
+def shown_location(location: str | None) -> str | None:
+    """A model's folder as its card's usage block loads it: as given when it is a relative path inside the folder
+    the command ran in, else none (an absolute path or one that leaves that folder names the trainer's machine)."""
+    from pathlib import PurePath
+
+    if location is None:
+        return None
+    path = PurePath(location)
+    return None if path.is_absolute() or ".." in path.parts else location
 
 
 def pipeline_tag(model: nn.Module) -> str | None:
@@ -105,7 +122,7 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
     if attributes:
         lines += ["", "Attributes it is conditioned on:" if energy else "Attributes it predicts:", ""]
         lines += [f"- `{a}`: {', '.join(f'`{v}`' for v in values)}" for a, values in attributes.items()]
-    where = repo_id or location
+    where = repo_id or shown_location(location)
     load = f'cebm.load("{where}")' if where else 'cebm.load("PATH_OR_ORG/NAME")  # the folder or Hub id it lives in'
     if energy:
         example = ""

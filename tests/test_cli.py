@@ -381,20 +381,31 @@ def test_help_shows_the_bracketed_conditions_and_the_cli_imports_no_torch():
     assert out.returncode == 0 and out.stdout.startswith("composable_ebm ")
 
 
-def test_a_users_card_loads_the_users_model_states_only_this_run_and_sets_no_license(tmp_path):
+def test_a_users_card_loads_the_users_model_states_only_this_run_and_sets_no_license(tmp_path, monkeypatch):
+    """The usage block loads the model from the folder as it was given (relative to where the command ran); an
+    absolute --out, and a folder recipe's root, name no path of the trainer's machine."""
     import re
     import tomllib
 
+    from composable_ebm.model_cards import FOLDER_ROOT, recipe_text
+
+    monkeypatch.chdir(tmp_path)
     recipe = tmp_path / "mine.toml"
     recipe.write_text("# a note about other weights that must not reach the card\n" + TINY_RECIPE.format(
         name="mine", attribute="color"))
     run = tmp_path / "run"
-    assert runner.invoke(app, ["train", str(recipe), "--out", str(run), "--no-progress", "--steps", "2"]).exit_code == 0
+    assert runner.invoke(app, ["train", "mine.toml", "--out", "run", "--no-progress", "--steps", "2"]).exit_code == 0
     card = (run / "model" / "README.md").read_text()
     (usage,) = re.findall(r"```python\n(.*?)\n```", card, re.DOTALL)
     namespace: dict = {}
     exec(usage, namespace)  # noqa: S102 - the card's example, as the user would paste it
-    assert namespace["model"].name == "mine" and str(run / "model") in usage
+    assert namespace["model"].name == "mine" and 'cebm.load("run/model")' in usage
+    elsewhere = tmp_path / "elsewhere"
+    assert runner.invoke(app, ["train", str(recipe), "--out", str(elsewhere), "--no-progress", "--steps", "2"]).exit_code == 0
+    assert str(tmp_path) not in (elsewhere / "model" / "README.md").read_text()
+    folder_recipe = tmp_path / "folder.toml"
+    folder_recipe.write_text('[data]\ndataset = "folder"\nroot = "/home/someone/private/faces"\n')
+    assert recipe_text(folder_recipe) == [("folder.toml", f'[data]\ndataset = "folder"\n{FOLDER_ROOT}')]
     assert "license" not in card.split("---")[1] and "must not reach" not in card
     assert "arxiv:2012.01316" in card and "pipeline_tag" not in card  # conditional: no Hub task names it
     (embedded,) = re.findall(r"```toml\n(.*?)\n```", card, re.DOTALL)  # one file: its recipe has no base

@@ -203,7 +203,7 @@ def test_only_registered_classes_save_and_the_classifier_is_one(tmp_path):
     classifier = AttributeClassifier(ClassifierConfig(attributes={"color": ("red", "blue")}, width=8))
     classifier.save_pretrained(tmp_path / "clf")
     again = AttributeClassifier.from_pretrained(tmp_path / "clf")
-    x = torch.rand(2, 3, 16, 16)
+    x = torch.rand(2, 3, 32, 32)  # its image_size
     assert torch.equal(classifier(x)["color"], again(x)["color"])
     assert (tmp_path / "clf" / "README.md").is_file()
     with pytest.raises(TypeError, match="holds a AttributeClassifier, not a MLPEnergy"):
