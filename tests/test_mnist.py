@@ -107,3 +107,33 @@ def test_the_mnist_recipes_are_the_noise_conditioned_folder_template_as_a_user_c
     for a in MNIST_ATTRIBUTES:
         recipe = load_recipe(root / f"mnist-{a}.toml")
         assert recipe.data.attributes == (a,) and recipe.data.holdout
+
+
+@pytest.mark.subprocess
+@needs_node
+def test_the_readmes_own_data_block_runs_as_written(cache, tmp_path):
+    """Every line of the README's "Train on your own images" block, run in a fresh folder by a shell, with only its
+    sizes shrunk (fewer digits, steps and samples): the folder, the copied template, two models, the classifier and
+    the composed grid."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("## Train on your own images"):]
+    (block,) = re.findall(r"```bash\n(.*?)\n```", section, re.DOTALL)[:1]
+    (tmp_path / "recipes").symlink_to(root / "recipes")
+    shrink = {"cebm data ": "-n 300", "cebm train ": "--steps 2 --no-progress", "cebm train-classifier": "--steps 20",
+              "cebm compose": ""}
+    for line in block.splitlines():
+        command = line.split("  #")[0].strip()
+        for start, extra in shrink.items():
+            if command.startswith(start):
+                command = f"{command} {extra}".replace("-n 16", "-n 2")
+        command = command.replace("cebm ", f"{sys.executable} -m composable_ebm --threads 1 ", 1)
+        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (line, done.stderr[-2000:])
+    assert (tmp_path / "grid.png").is_file()
+    assert (tmp_path / "runs" / "digit" / "model" / "config.json").is_file()
