@@ -28,6 +28,7 @@ lowest-energy condition reads the attribute of noised renders (its levels compar
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ import torch
 
 from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid, shapes
-from composable_ebm.data import FACES_ATTRIBUTES, SHAPES_ATTRIBUTES, faces
+from composable_ebm.data import FACES_ATTRIBUTES, SHAPES_ATTRIBUTES, combination_mask, faces
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.evaluation.realism import contact_sheet
 from composable_ebm.expression import parse_expression
@@ -164,19 +165,12 @@ def draw(row: dict, n: int, models: dict) -> torch.Tensor:
     return run_sampler(energy, n, settings, seed=row["index"]).samples
 
 
-def _index(family: str, attribute: str, values: list[str]) -> torch.Tensor:
-    return torch.tensor([VALUES[family][attribute].index(v) for v in values])
-
-
 def matches(family: str, labels: dict[str, torch.Tensor], want: list[dict[str, list[str]]]) -> torch.Tensor:
-    """Which images match one of the alternatives ``want`` in every attribute it names, ``(N,)`` bool."""
-    hit = torch.zeros(len(next(iter(labels.values()))), dtype=torch.bool)
-    for alternative in want:
-        ok = torch.ones_like(hit)
-        for a, values in alternative.items():
-            ok &= torch.isin(labels[a], _index(family, a, values))
-        hit |= ok
-    return hit
+    """Which images match one of the alternatives ``want`` in every attribute it names (each attribute at one of the
+    values listed), ``(N,)`` bool."""
+    combinations = [dict(zip(alternative, values, strict=True))
+                    for alternative in want for values in itertools.product(*alternative.values())]
+    return combination_mask(labels, VALUES[family], combinations)
 
 
 def measure(row: dict, n: int, models: dict, classifiers: dict) -> tuple[dict, torch.Tensor | None]:
@@ -196,7 +190,7 @@ def measure(row: dict, n: int, models: dict, classifiers: dict) -> tuple[dict, t
         for v in values:
             measured[f"{a}={v}"] = float((read[a] == VALUES[row["family"]][a].index(v)).float().mean())
     if "others" in row:
-        measured["others"] = float(sum(torch.isin(read[a], _index(row["family"], a, vs)).float().mean()
+        measured["others"] = float(sum(matches(row["family"], read, [{a: vs}]).float().mean()
                                        for a, vs in row["others"].items()))
     if "probability" in row:
         a, v = row["probability"]
@@ -218,16 +212,13 @@ def renders(family: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return images, data.labels
 
 
-def sheet(results: list[dict], samples: dict[str, torch.Tensor], family: str, path: Path) -> list[dict]:
-    """Each sampled row of ``family`` (its first samples) beside renders of what it asks for; returns those rows."""
+def sheet(results: list[dict], samples: dict[str, torch.Tensor], family: str, path: Path) -> None:
+    """Each sampled row of ``family`` (its first samples) beside renders of what it asks for."""
     images, labels = renders(family)
-    shown = [r for r in results if r["family"] == family and str(r["index"]) in samples]
-    pairs = []
-    for r in shown:
-        job = next(j for j in rows() if j["index"] == r["index"])
-        pairs.append((samples[str(r["index"])], images[matches(family, labels, job["want"])][:SHEET_SAMPLES]))
+    want = {job["index"]: job["want"] for job in rows()}
+    pairs = [(samples[str(r["index"])], images[matches(family, labels, want[r["index"]])][:SHEET_SAMPLES])
+             for r in results if r["family"] == family and str(r["index"]) in samples]
     save_image_grid(contact_sheet(pairs, per_row=SHEET_SAMPLES, scale=1)[None], path, scale=4)
-    return shown
 
 
 def measured_text(r: dict) -> str:

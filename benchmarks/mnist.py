@@ -35,8 +35,9 @@ from pathlib import Path
 import torch
 
 from benchmarks._report import machine, write_section
+from benchmarks.faces import model_loader
 from composable_ebm import load, save_image_grid
-from composable_ebm.data import MNIST_ATTRIBUTES, mnist
+from composable_ebm.data import MNIST_ATTRIBUTES, combination_mask, mnist
 from composable_ebm.data.mnist import measure
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.expression import parse_expression
@@ -73,17 +74,9 @@ def read(samples: torch.Tensor, classifier) -> dict[str, torch.Tensor]:
     return {"digit": classifier.predict(samples)["digit"].cpu(), **measure(samples)}
 
 
-def loader(models: str):
-    def load_one(name: str):
-        return load(name if models == "bundled" else str(Path(models) / name / "model"))
-    return load_one
-
-
 def matching(labels: dict[str, torch.Tensor], target: dict[str, str]) -> torch.Tensor:
-    keep = torch.ones(len(labels["digit"]), dtype=torch.bool)
-    for a, v in target.items():
-        keep &= labels[a] == MNIST_ATTRIBUTES[a].index(v)
-    return keep
+    """Which digits have every value of ``target``, ``(N,)`` bool."""
+    return combination_mask(labels, MNIST_ATTRIBUTES, [target])
 
 
 def measure_row(job: dict, load_one, classifier, data, n: int) -> tuple[dict, torch.Tensor]:
@@ -193,7 +186,7 @@ def main() -> None:
         return
     shard, shards = (int(v) for v in args.shard.split("/")) if args.shard else (0, 1)
     classifier = load(args.classifier).eval()
-    load_one = loader(args.models)
+    load_one = model_loader(args.models)
     rows, samples = [], {}
     t0 = time.perf_counter()
     for job in jobs():
