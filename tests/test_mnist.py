@@ -109,31 +109,65 @@ def test_the_mnist_recipes_are_the_noise_conditioned_folder_template_as_a_user_c
         assert recipe.data.attributes == (a,) and recipe.data.holdout
 
 
-@pytest.mark.subprocess
-@needs_node
-def test_the_readmes_own_data_block_runs_as_written(cache, tmp_path):
-    """Every line of the README's "Train on your own images" block, run in a fresh folder by a shell, with only its
-    sizes shrunk (fewer digits, steps and samples): the folder, the copied template, two models, the classifier and
-    the composed grid."""
+SHRINK = {"cebm data ": "-n 300", "cebm train ": "--steps 2 --no-progress", "cebm train-classifier": "--steps 20",
+          "cebm compose": "", "cebm eval compose": "-n 4", "cebm eval ood": "-n 8"}
+"""What each command gets on top of the text as written: fewer digits, steps and samples."""
+
+
+def run_as_written(text: str, cwd) -> None:
+    """Run a document's ``bash`` blocks line by line in ``cwd`` by a shell, as a user pastes them, with only their
+    sizes shrunk (`SHRINK`; ``-n 16`` samples become 2). A ``toml`` block whose first line is ``# NAME.toml`` is
+    written to that file first, as the user writes it. ``cwd`` sees the repository's recipes."""
     import re
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text()
+    (cwd / "recipes").symlink_to(root / "recipes")
+    for kind, block in re.findall(r"```(bash|toml)\n(.*?)\n```", text, re.DOTALL):
+        if kind == "toml":
+            name = re.match(r"# (\S+\.toml)\n", block)
+            if name:
+                (cwd / name.group(1)).write_text(block)
+            continue
+        for line in block.splitlines():
+            command = line.split("  #")[0].strip()
+            start = max((s for s in SHRINK if command.startswith(s)), key=len, default=None)
+            if start is not None:
+                command = f"{command} {SHRINK[start]}".replace("-n 16", "-n 2")
+            command = command.replace("cebm ", f"{sys.executable} -m composable_ebm --threads 1 ", 1)
+            done = subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, (line, done.stderr[-2000:])
+
+
+@pytest.mark.subprocess
+@needs_node
+def test_the_readmes_own_data_block_runs_as_written(cache, tmp_path):
+    """Every line of the README's "Train on your own images" block, run in a fresh folder: the folder, the copied
+    template, two models, the classifier and the composed grid."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme[readme.index("## Train on your own images"):]
-    (block,) = re.findall(r"```bash\n(.*?)\n```", section, re.DOTALL)[:1]
-    (tmp_path / "recipes").symlink_to(root / "recipes")
-    shrink = {"cebm data ": "-n 300", "cebm train ": "--steps 2 --no-progress", "cebm train-classifier": "--steps 20",
-              "cebm compose": ""}
-    for line in block.splitlines():
-        command = line.split("  #")[0].strip()
-        for start, extra in shrink.items():
-            if command.startswith(start):
-                command = f"{command} {extra}".replace("-n 16", "-n 2")
-        command = command.replace("cebm ", f"{sys.executable} -m composable_ebm --threads 1 ", 1)
-        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, (line, done.stderr[-2000:])
+    run_as_written(section[:section.index("\n## ", 1)], tmp_path)
     assert (tmp_path / "grid.png").is_file()
     assert (tmp_path / "runs" / "digit" / "model" / "config.json").is_file()
+
+
+@pytest.mark.subprocess
+@needs_node
+def test_the_own_data_walkthrough_runs_as_written_on_real_digits(cache, tmp_path):
+    """docs/own-data.md from the folder to the scores, every command as written: `cebm data mnist`, two recipes
+    from the noise-conditioned template, two models, a classifier of both attributes, the composed grid, the
+    composite's accuracy and the OOD check."""
+    import json
+    from pathlib import Path
+
+    run_as_written((Path(__file__).resolve().parents[1] / "docs" / "own-data.md").read_text(), tmp_path)
+    assert (tmp_path / "grid.png").is_file()
+    for model in ("digit", "thickness"):
+        config = json.loads((tmp_path / "runs" / model / "model" / "config.json").read_text())
+        assert config["model_type"] == "denoising-unet" and list(config["config"]["attributes"]) == [model]
+    clf = json.loads((tmp_path / "runs" / "clf" / "config.json").read_text())["config"]
+    assert clf["image_size"] == 28 and set(clf["attributes"]) == {"digit", "thickness"}
