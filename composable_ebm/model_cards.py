@@ -132,9 +132,9 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
         lines += ["", "## Use", "", "```python", "import composable_ebm as cebm", "", f"model = {load}",
                   f"images = model{example}.sample(n=16, seed=0)", "```"]
     elif attributes:
-        size = config.get("image_size", 32)
+        size, channels = config.get("image_size", 32), config.get("in_channels", 3)
         lines += ["", "## Use", "", "```python", "import torch", "import composable_ebm as cebm", "",
-                  f"classifier = {load}", f"images = torch.rand(4, 3, {size}, {size})  # or samples, in [0, 1]",
+                  f"classifier = {load}", f"images = torch.rand(4, {channels}, {size}, {size})  # or samples, in [0, 1]",
                   "readings = classifier.predict(images)  # {attribute: value index per image}", "```"]
     if steps is not None or recipe:
         lines += ["", "## Training", ""]
