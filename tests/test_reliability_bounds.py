@@ -206,8 +206,13 @@ def test_a_noise_conditioned_difference_without_a_floor_is_refused_and_the_guide
 # ------------------------------------------------------------------------------------------------- faces renderer
 def test_the_faces_renderer_cache_is_checked_before_it_runs(tmp_path, monkeypatch):
     """An edited render.mjs (or an installed package changed) in the cache folder is never run: the check against
-    what the package ships fails, and the folder is set aside and installed again."""
+    what the package ships (`composable_ebm.data.npm.verified`) fails, and the folder is set aside and installed
+    again."""
     faces = importlib.import_module("composable_ebm.data.faces")  # the module; the package exports a function by that name
+    npm = importlib.import_module("composable_ebm.data.npm")
+
+    def verified(home):
+        return npm.verified(home, faces.RENDERER, faces.RENDERER_FILES)
 
     monkeypatch.setenv("CEBM_CACHE", str(tmp_path))
     home = tmp_path / f"faces-renderer-{faces.renderer_digest()}"
@@ -215,13 +220,13 @@ def test_the_faces_renderer_cache_is_checked_before_it_runs(tmp_path, monkeypatc
     for name in faces.RENDERER_FILES:
         (home / name).write_bytes((faces.RENDERER / name).read_bytes())
     (home / "node_modules" / "pkg" / "index.js").write_text("export default 1;\n")
-    (home / faces.TREE_RECORD).write_text(faces._tree_digest(home / "node_modules") + "\n")
-    assert faces._verified(home)
+    (home / npm.TREE_RECORD).write_text(npm.tree_digest(home / "node_modules") + "\n")
+    assert verified(home)
     (home / "render.mjs").write_text("console.log('not ours');\n")
-    assert not faces._verified(home)
+    assert not verified(home)
     (home / "render.mjs").write_bytes((faces.RENDERER / "render.mjs").read_bytes())
     (home / "node_modules" / "pkg" / "index.js").write_text("process.exit(3);\n")
-    assert not faces._verified(home)
+    assert not verified(home)
     installs = []
 
     def fake_npm(args, cwd, **kwargs):  # stands in for `npm ci`: records the call and installs a package
@@ -230,11 +235,11 @@ def test_the_faces_renderer_cache_is_checked_before_it_runs(tmp_path, monkeypatc
         (cwd / "node_modules" / "fresh.js").write_text("ok\n")
         return type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})()
 
-    monkeypatch.setattr(faces.subprocess, "run", fake_npm)
-    monkeypatch.setattr(faces.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(npm.subprocess, "run", fake_npm)
+    monkeypatch.setattr(npm.shutil, "which", lambda name: f"/usr/bin/{name}")
     assert faces._renderer() == home and len(installs) == 1
     assert (home / "node_modules" / "fresh.js").is_file() and not (home / "node_modules" / "pkg").exists()
-    assert faces._verified(home)
+    assert verified(home)
     assert faces._renderer() == home and len(installs) == 1  # verified: not installed again
 
 

@@ -28,8 +28,7 @@ from pathlib import Path
 from composable_ebm.configs import MAX_IMAGE_SIZE, check_size
 from composable_ebm.data.base import DataConfig, ImageDataset, dataset
 from composable_ebm.data.folder import attribute_folder
-from composable_ebm.data.npm import TREE_RECORD, cache_root, installed, package_digest, verified  # noqa: F401
-from composable_ebm.data.npm import tree_digest as _tree_digest  # noqa: F401 (the cache's checks, named here too)
+from composable_ebm.data.npm import cache_root, installed, package_digest
 from composable_ebm.errors import InvalidInputError, RunFailure
 
 RENDERER = Path(__file__).resolve().parent / "faces_renderer"
@@ -54,11 +53,6 @@ def renderer_digest() -> str:
 RENDER_SECONDS = (600.0, 0.1)
 """How long one render may take before it is stopped: a fixed start plus this many seconds per face, about eight
 times what one face took on a busy 2-core CPU (1,000 faces in 13 s)."""
-
-
-def _verified(home: Path) -> bool:
-    """Whether a cached renderer is the one this package ships (`composable_ebm.data.npm.verified`)."""
-    return verified(home, RENDERER, RENDERER_FILES)
 
 
 def _renderer() -> Path:
