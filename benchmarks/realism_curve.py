@@ -122,9 +122,9 @@ def main() -> None:
         f"`python -m benchmarks.realism_curve --run {' '.join(shown(run) for run in runs)}"
         f" --recipe {args.recipe} --every {args.every} --n {args.n} --split {args.split}"
         + (f" --label {args.label}" if args.label else "") + f"` on {machine()}: the EMA weights of every"
-        f" {args.every}th-step checkpoint, {args.n} samples per value",
-        "with the recipe's sampling settings (as `benchmarks/realism.py`). Minutes: the run's logged step times (one",
-        "thread, the machine's two cores shared with other runs).",
+        f" {args.every}th-step checkpoint, {args.n} samples per value with the recipe's sampling settings (as"
+        " `benchmarks/realism.py`). Minutes: the run's logged step times (one thread, the machine's two cores shared"
+        " with other runs).",
         "",
         ("| run " if several else "") + "| step | minutes | median FID ratio | median HF ratio | mean accuracy |",
         ("| --- " if several else "") + "| --- | --- | --- | --- | --- |",

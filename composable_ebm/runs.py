@@ -7,6 +7,7 @@ trained EMA model in ``model/`` (config, weights, card) and ``health.png``. `tra
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
@@ -91,28 +92,74 @@ def _start_from(trainer: Any, source: str | Path, allow_config_change: bool = Fa
     return changed
 
 
-def estimate(trainer: Any, repeats: int = 2) -> tuple[float, int]:
-    """Seconds per training iteration, estimated by timing the chain's energy-and-gradient evaluations at the
-    batch size (the iteration's bulk: `Objective.evaluations_per_step` of them), and the bytes of a checkpoint
-    (model, EMA, Adam's two moments, the objective's state). Draws from a generator of its own, so training is not
-    changed by it."""
+@dataclass(frozen=True)
+class Estimate:
+    """What `estimate` measured before a run: seconds per iteration, the peak memory, a checkpoint's bytes."""
+
+    seconds_per_step: float
+    """the mean of the timed iterations (after one untimed iteration: warm-up, and a CUDA graph's capture)"""
+    peak_bytes: int | None
+    """on a GPU the device memory allocated at the peak (`torch.cuda.max_memory_allocated`); on a CPU the process's
+    resident memory at its peak (``ru_maxrss``); ``None`` where the platform does not say"""
+    checkpoint_bytes: int
+    """model, EMA, Adam's two moments, the objective's state"""
+
+
+ESTIMATE_STEPS = 3
+"""Training iterations `estimate` runs (and undoes) before a run: one to warm up, two timed."""
+
+
+def peak_memory(device: torch.device) -> int | None:
+    """The peak memory so far: device memory allocated on a GPU (since the last reset of its peak), resident memory
+    of the process on a CPU (Linux and macOS; ``None`` elsewhere)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        import resource
+    except ImportError:  # Windows: no getrusage
+        return None
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, kilobytes on Linux
+
+
+def estimate(trainer: Any, repeats: int = ESTIMATE_STEPS - 1) -> Estimate | str:
+    """Time ``1 + repeats`` real training iterations (the objective, its backward pass, Adam and the EMA, at the
+    recipe's batch size and precision, from a CUDA graph where training uses one) and read the peak memory they
+    reach, then put the whole training state back (weights, EMA, Adam, the objective's state, the RNGs, the step),
+    so the run that follows is the one it would have been. A distributed run's ranks all take part. Where one of
+    the iterations faults (a non-finite loss or gradient), the state is put back all the same and the fault's
+    reason is returned instead: the run's own fault handling (rollback) meets it again."""
     import time as clock
 
-    cfg = trainer.config
-    energy = trainer.energy
-    gen = torch.Generator(device=trainer.device).manual_seed(0)
-    x = torch.rand((cfg.batch_size, *energy.input_shape), generator=gen, device=trainer.device)
-    labels = {a: torch.zeros(cfg.batch_size, dtype=torch.long, device=trainer.device) for a in energy.attributes}
-    energy.energy_and_grad(x, labels or None)  # warm-up
-    start = clock.perf_counter()
-    for _ in range(repeats):
-        energy.energy_and_grad(x, labels or None)
-    if trainer.device.type == "cuda":
-        torch.cuda.synchronize(trainer.device)
-    per_eval = (clock.perf_counter() - start) / repeats
-    seconds = per_eval * trainer.objective.evaluations_per_step()
-    params = sum(p.numel() * p.element_size() for p in energy.parameters())
-    return seconds, 4 * params + trainer.objective.state_bytes()
+    from composable_ebm.training.faults import Fault
+
+    device = trainer.device
+    saved = copy.deepcopy(trainer.state_dict())
+    generator = trainer.generator.get_state()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        trainer.train_step()  # warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = clock.perf_counter()
+        for _ in range(repeats):
+            trainer.train_step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = (clock.perf_counter() - start) / repeats
+        peak = peak_memory(device)
+    except Fault as fault:
+        return fault.reason
+    finally:
+        trainer._restore(saved)
+        trainer.generator.set_state(generator)
+        trainer.optimizer.zero_grad(set_to_none=True)
+    params = sum(p.numel() * p.element_size() for p in trainer.energy.parameters())
+    return Estimate(seconds, peak, 4 * params + trainer.objective.state_bytes())
 
 
 def _human_bytes(n: float) -> str:
@@ -121,6 +168,14 @@ def _human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
+
+
+def _memory_words(device: torch.device, peak: int | None) -> str:
+    """How `estimate`'s peak reads in a sentence."""
+    if peak is None:
+        return "memory not measured on this platform"
+    what = "GPU memory allocated" if device.type == "cuda" else "process memory"
+    return f"peak {what} {_human_bytes(peak)}"
 
 
 class StopRequests:
@@ -224,11 +279,19 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         total = steps if steps is not None else spec.trainer.steps
         if trainer.rank == 0:
             _write_network(model, out / NETWORK_FILE, spec)
-            if trainer.step < total:
-                per_step, size = estimate(trainer)
-                left = (total - trainer.step) * per_step
-                say(f"about {per_step:.2f} s per step on {trainer.device} (estimated), {total - trainer.step} steps to go:"
-                    f" about {left / 60:.0f} min; each checkpoint is about {_human_bytes(size)}")
+        guess = estimate(trainer) if trainer.step < total else None
+        if isinstance(guess, str) and trainer.rank == 0:
+            say(f"no estimate of the time per step: one of the {ESTIMATE_STEPS} steps it measures faulted ({guess});"
+                " training starts, and rolls back where the fault comes again")
+        elif guess is not None and trainer.rank == 0:
+            left = (total - trainer.step) * guess.seconds_per_step
+            say(f"about {guess.seconds_per_step:.2f} s per step on {trainer.device} and"
+                f" {_memory_words(trainer.device, guess.peak_bytes)} (measured on {ESTIMATE_STEPS} steps, then"
+                f" undone), {total - trainer.step} steps to go: about {left / 60:.0f} min; each checkpoint is about"
+                f" {_human_bytes(guess.checkpoint_bytes)}")
+            if trainer.log is not None:
+                trainer.log.append({"event": "estimate", "step": trainer.step,
+                                    "seconds_per_step": guess.seconds_per_step, "peak_bytes": guess.peak_bytes})
         # disable=None: the bar draws on a terminal only, so a log file gets no carriage returns
         bar = tqdm(total=total, initial=trainer.step, disable=True if not progress or trainer.rank != 0 else None,
                    desc="training")
@@ -239,6 +302,10 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
             finally:
                 bar.close()
         seconds = time.perf_counter() - start
+        peak = peak_memory(trainer.device)
+        if trainer.rank == 0 and trainer.log is not None and summary.steps > (resumed_from or 0):
+            trainer.log.append({"event": "measured", "step": summary.steps,
+                                "seconds_per_step": summary.seconds_per_step, "peak_bytes": peak})
         ema = trainer.ema
         ema.sampling_defaults = model.sampling_defaults
         if trainer.rank == 0:
@@ -253,7 +320,8 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                 say(f"stopped at step {summary.steps} of {total} ({stop.reason}); checkpoint and model saved; run the"
                     " same command to resume")
             else:
-                say(f"trained {summary.steps} steps ({summary.rollbacks} rollbacks); model in {out / 'model'}")
+                say(f"trained {summary.steps} steps ({summary.rollbacks} rollbacks) at {summary.seconds_per_step:.2f} s"
+                    f" per step, {_memory_words(trainer.device, peak)}; model in {out / 'model'}")
         return TrainedRun(ema, summary.steps, summary.rollbacks, resumed_from, aside, seconds,
                           stop.reason if summary.stopped else None)
     finally:

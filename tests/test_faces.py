@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from composable_ebm.cli import app
@@ -87,3 +88,78 @@ def test_without_node_rendering_is_one_line_saying_what_to_install(monkeypatch, 
     monkeypatch.setattr(shell, "which", lambda name: None)
     with pytest.raises(InvalidInputError, match="needs Node.js .* and npm .*apt-get install nodejs npm"):
         render_faces(tmp_path / "f", 4)
+
+
+@pytest.mark.subprocess
+@needs_node
+def test_lorelei_faces_at_64_px_carry_four_balanced_attributes_and_the_same_seed_gives_the_same_bytes(cache, tmp_path):
+    from composable_ebm.data.faces import STYLES
+
+    result = runner.invoke(app, ["data", "faces", "--style", "lorelei", "--size", "64", "--out", str(tmp_path / "a"),
+                                 "-n", "300", "--seed", "4"])
+    assert result.exit_code == 0, result.output
+    again = render_faces(tmp_path / "b", 300, 4, 64, style="lorelei")
+    pixel = render_faces(tmp_path / "c", 4, 4, 64)
+    assert (tmp_path / "a" / "list_attr_celeba.txt").read_text().splitlines()[1] == "smiling glasses beard hair"
+    assert all((tmp_path / "a" / f.name).read_bytes() == f.read_bytes() for f in again.iterdir())
+    assert (pixel / "000000.png").read_bytes() != (again / "000000.png").read_bytes()  # another style
+    lorelei = STYLES["lorelei"].attributes
+    data = FacesData(n=300, seed=4, size=64, style="lorelei",
+                     holdout=({"smiling": "yes", "glasses": "yes", "beard": "yes"},)).build()
+    assert data.images.shape[1:] == (3, 64, 64) and data.attributes == lorelei
+    full = faces(300, seed=4, size=64, style="lorelei")
+    for attr, values in lorelei.items():
+        share = full.labels[attr].bincount(minlength=len(values)).float() / 300
+        assert (share - 1 / len(values)).abs().max() < 0.1, (attr, share)
+    triple = (data.labels["smiling"] == 1) & (data.labels["glasses"] == 1) & (data.labels["beard"] == 1)
+    assert 300 * 0.06 < 300 - len(data) < 300 * 0.2 and not triple.any()
+    # beard and hair colour are drawn: the bearded faces' lower half differs from the beardless ones' more than
+    # two halves of one group differ
+    images = full.images.float()
+    beard = full.labels["beard"] == 1
+    lower = images[:, :, 40:, 16:48].mean(dim=(1, 2, 3))
+    assert lower[beard].mean() < lower[~beard].mean() - 20  # a beard darkens the white chin
+
+
+def test_an_unknown_faces_style_is_one_line_naming_the_styles(tmp_path):
+    with pytest.raises(InvalidInputError, match="unknown faces style 'cartoon'; valid choices: pixel-art, lorelei"):
+        FacesData(style="cartoon")
+    result = runner.invoke(app, ["data", "shapes", "--style", "lorelei", "--out", str(tmp_path / "s"), "-n", "4"])
+    assert result.exit_code == 2 and "unknown ShapesData setting(s) ['style']" in result.output
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.subprocess
+@needs_node
+def test_renders_packed_for_a_gpu_unpack_to_the_folder_the_recipe_reads_with_the_same_pixels(cache, tmp_path):
+    from benchmarks.faces64 import pack, unpack
+    from composable_ebm.data.faces import faces_folder
+
+    data = {"n": 12, "seed": 3, "size": 64, "style": "lorelei"}
+    rendered = faces_folder(12, 3, 64, "lorelei")
+    carry = pack(tmp_path / "carry", data)
+    there = unpack(carry, tmp_path / "gpu-cache")
+    assert there.name == rendered.name  # the name faces_folder looks for on the other machine
+    from composable_ebm.data import attribute_folder
+
+    a, b = (attribute_folder(f, image_size=64, channels=3) for f in (rendered, there))
+    assert torch.equal(a.images, b.images) and all(torch.equal(a.labels[k], b.labels[k]) for k in a.labels)
+
+
+@pytest.mark.subprocess
+@needs_node
+def test_the_64_px_recipes_noise_levels_come_from_the_renders_spread(cache):
+    """The first level is at least the largest distance between two renders (a chain started there is at the noised
+    data), and the preconditioning's sigma_data is the renders' standard deviation per pixel."""
+    from pathlib import Path
+
+    from composable_ebm.recipes import load_recipe
+
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "faces64-smiling.toml")
+    data = faces(600, seed=11, size=recipe.data.size, style=recipe.data.style)
+    x = data.images.float().flatten(1) / 255
+    largest = float(torch.cdist(x, x).max())
+    model = recipe.model
+    assert largest <= model["sigma_max"] < 2 * largest, (model["sigma_max"], largest)
+    assert abs(model["sigma_data"] - float(x.std())) < 0.05
+    assert recipe.sampling.sampler.sigma_max == model["sigma_max"]  # the ladder starts there

@@ -704,3 +704,51 @@ def test_adam_steps_at_the_scheduled_rate_it_logs_and_a_stopped_run_resumes_on_t
     for (name, p), q in zip(straight.energy.state_dict().items(), again.energy.state_dict().values(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
     again.close()
+
+
+@pytest.mark.parametrize("family", ["contrastive", "denoising"])
+def test_the_estimate_before_a_run_times_real_steps_and_leaves_the_run_as_it_would_have_been(family):
+    """`cebm train`'s estimate runs training iterations and puts every state back: the run that follows trains to
+    the weights it trains to without one (same process, same kernels)."""
+    from composable_ebm.runs import ESTIMATE_STEPS, estimate
+    from tests.test_diffusion import tiny_unet
+
+    def trainer() -> Trainer:
+        if family == "contrastive":
+            torch.manual_seed(0)
+            return Trainer(ResNetEnergy(tiny_config(attributes={"color": ("red", "green", "blue")})), Data(),
+                           small_config())
+        data = Data()
+        data.labels = {"color": data.labels["color"] % 2}
+        torch.manual_seed(0)
+        return Trainer(tiny_unet(), data, TrainerConfig(steps=6, batch_size=8))
+
+    plain, probed = trainer(), trainer()
+    guess = estimate(probed)
+    assert not isinstance(guess, str), guess
+    assert probed.step == 0 and guess.seconds_per_step > 0 and guess.checkpoint_bytes > 0
+    assert guess.peak_bytes is None or guess.peak_bytes > 10 * 2**20  # a process holding torch: tens of MB at least
+    assert ESTIMATE_STEPS == 3
+    plain.fit(), probed.fit()
+    for a, b in zip(plain.ema.parameters(), probed.ema.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-6)
+    for a, b in zip(plain.energy.parameters(), probed.energy.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_an_estimate_step_that_faults_is_reported_and_the_state_is_put_back(tmp_path):
+    """A NaN in one of the estimate's steps (call 8: its second iteration) is its answer, not the run's end: the state
+    is as before it, and training then meets its own faults as always."""
+    from composable_ebm.runs import estimate
+
+    torch.manual_seed(0)
+    model = FlakyEnergy.poisoned_at(8, MLPConfig(hidden=16, depth=2))
+    cfg = TrainerConfig(steps=4, batch_size=8, objective=ContrastiveConfig(
+        sampler=SamplerConfig(step_size=0.05, noise=0.01, steps=3), chain_augment=None, buffer_size=64, ent_bank=8,
+        ent_min_buffer=8))
+    trainer = Trainer(model, torch.randn(64, 2), cfg)
+    before = [p.detach().clone() for p in trainer.energy.parameters()]
+    answer = estimate(trainer)
+    assert isinstance(answer, str) and "non-finite" in answer
+    assert trainer.step == 0 and all(torch.equal(a, b) for a, b in zip(before, trainer.energy.parameters(), strict=True))
+    assert trainer.fit().steps == 4

@@ -88,17 +88,21 @@ def data_command(
     n: Annotated[Optional[int], typer.Option("-n", "--n", min=1, max=1 << 24, help="Number of images.")] = None,
     seed: Annotated[Optional[int], typer.Option(min=0, help="Seed of the draw.")] = None,
     size: Annotated[Optional[int], typer.Option(min=4, help="Image side.")] = None,
+    style: Annotated[Optional[str], typer.Option(
+        help="How the faces are drawn: pixel-art (16 px designs; smiling, glasses, hat, hair) or lorelei (line art"
+             " for 64 px; smiling, glasses, beard, hair). Faces only.")] = None,
 ) -> None:
     """Write a drawn dataset as an image folder with a CelebA-format attribute table (the folder dataset reads it).
 
     \b
     Example: cebm data faces --out data/rendered-faces --n 64 --seed 0
+             cebm data faces --style lorelei --size 64 --out data/faces-64 --n 64
     """
     from composable_ebm.configs import config_from_dict
     from composable_ebm.data import DATASETS
 
     cls = DATASETS.get(name, "cebm data: ")
-    given = {k: v for k, v in {"n": n, "seed": seed, "size": size}.items() if v is not None}
+    given = {k: v for k, v in {"n": n, "seed": seed, "size": size, "style": style}.items() if v is not None}
     config = config_from_dict(cls, given)
     typer.echo(f"wrote {config.render(out)}")
 

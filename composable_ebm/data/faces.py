@@ -1,18 +1,22 @@
-"""Pixel-art faces drawn by DiceBear: the ``faces`` dataset, rendered here from a pinned npm package.
+"""Faces drawn by DiceBear: the ``faces`` dataset, rendered here from a pinned npm package.
 
-DiceBear's pixel-art avatar style (``@dicebear/core`` and ``@dicebear/collection`` 9.4.3: code MIT, designs CC0 1.0)
-draws 16x16 faces from options; ``@resvg/resvg-js`` renders them to PNG. `render_faces` runs the renderer in
-``faces_renderer/`` (its ``package.json`` and ``package-lock.json`` pin every version; ``npm ci`` installs them into
-a cache folder once) and writes a CelebA-format folder: ``000000.png ...`` and ``list_attr_celeba.txt`` with four
-independent, balanced attributes:
+DiceBear (``@dicebear/core`` and ``@dicebear/collection`` 9.4.3: code MIT, designs CC0 1.0) draws faces from
+options; ``@resvg/resvg-js`` renders them to PNG. `render_faces` runs the renderer in ``faces_renderer/`` (its
+``package.json`` and ``package-lock.json`` pin every version; ``npm ci`` installs them into a cache folder once) and
+writes a CelebA-format folder: ``000000.png ...`` and ``list_attr_celeba.txt`` with four independent, balanced
+attributes. Two styles (`STYLES`):
 
-- ``smiling``: a smiling or a straight or frowning mouth (4 and 5 of DiceBear's designs, those whose 16 pixels
-  tell them apart), ``yes`` / ``no``;
-- ``glasses`` and ``hat``: present or absent (14 and 10 designs);
-- ``hair``: one of four colours, ``blond``, ``brown``, ``dark``, ``red``.
+- ``pixel-art`` (16x16 designs): ``smiling`` (a smiling or a straight or frowning mouth, 4 and 5 of DiceBear's
+  designs, those whose 16 pixels tell them apart), ``glasses`` and ``hat`` (present or absent, 14 and 10 designs),
+  ``hair`` (``blond``, ``brown``, ``dark``, ``red``); eyes, skin, clothing, accessories, beard, which mouth,
+  glasses, hat and hairstyle are DiceBear's own draw from each face's seed.
+- ``lorelei`` (line art by Lisa Wischofsky, for 64 px and up): ``smiling`` (5 upturned smiles against an open round
+  mouth, a frown and a straight line), ``glasses`` and ``beard`` (present or absent, 5 and 2 designs), ``hair``
+  (``blond``, ``brown``, ``grey``, ``red``, the beard's colour too, none as dark as the mouth's lines drawn over
+  it); head, eyes, eyebrows, nose, earrings, freckles, which mouth, glasses and beard, and the hairstyle (45 of 48,
+  the nearly bald ones left out) are DiceBear's own draw.
 
-Everything else (eyes, skin, clothing, accessories, beard, which mouth, glasses, hat and hairstyle) is DiceBear's
-own draw from each face's seed. The same ``n``, ``seed`` and ``size`` give the same bytes.
+The same ``n``, ``seed``, ``size`` and ``style`` give the same bytes.
 """
 
 from __future__ import annotations
@@ -34,12 +38,41 @@ from composable_ebm.errors import InvalidInputError, RunFailure
 RENDERER = Path(__file__).resolve().parent / "faces_renderer"
 """The render script and its pinned npm packages (``package.json``, ``package-lock.json``)."""
 RENDERER_FILES = ("package.json", "package-lock.json", "render.mjs")
-FACES_ATTRIBUTES = {"smiling": ("no", "yes"), "glasses": ("no", "yes"), "hat": ("no", "yes"),
-                    "hair": ("blond", "brown", "dark", "red")}
-"""The attributes of a rendered faces folder, with their values as the folder reader names them."""
-GENERATOR = ("DiceBear pixel-art faces (@dicebear/core and @dicebear/collection 9.4.3; code MIT, designs CC0 1.0),"
-             " rendered with @resvg/resvg-js 2.6.2")
-"""What to say in cards and docs about where the faces come from."""
+
+
+@dataclass(frozen=True)
+class FacesStyle:
+    """A DiceBear style the renderer draws: its attributes and what cards and docs say about it."""
+
+    attributes: dict[str, tuple[str, ...]]
+    """the attributes of a rendered folder, with their values as the folder reader names them"""
+    generator: str
+    """where the faces come from: the style, its author, its licence and the renderer"""
+
+
+STYLES = {
+    "pixel-art": FacesStyle(
+        {"smiling": ("no", "yes"), "glasses": ("no", "yes"), "hat": ("no", "yes"),
+         "hair": ("blond", "brown", "dark", "red")},
+        "DiceBear pixel-art faces (@dicebear/core and @dicebear/collection 9.4.3; code MIT, designs CC0 1.0),"
+        " rendered with @resvg/resvg-js 2.6.2"),
+    "lorelei": FacesStyle(
+        {"smiling": ("no", "yes"), "glasses": ("no", "yes"), "beard": ("no", "yes"),
+         "hair": ("blond", "brown", "grey", "red")},
+        "DiceBear lorelei faces by Lisa Wischofsky (@dicebear/core and @dicebear/collection 9.4.3; code MIT,"
+        " designs CC0 1.0), rendered with @resvg/resvg-js 2.6.2"),
+}
+"""The styles `render_faces` draws, by name."""
+FACES_ATTRIBUTES = STYLES["pixel-art"].attributes
+"""The attributes of a rendered folder of the default style (pixel-art)."""
+GENERATOR = STYLES["pixel-art"].generator
+"""What to say in cards and docs about where the default style's faces come from."""
+
+
+def _check_style(style: str, where: str) -> FacesStyle:
+    if style not in STYLES:
+        raise InvalidInputError(f"{where}: unknown faces style {style!r}; valid choices: {', '.join(STYLES)}")
+    return STYLES[style]
 NODE_LINE = ("rendering faces needs Node.js (18 or newer) and npm on the PATH: apt-get install nodejs npm, or see"
              " nodejs.org")
 
@@ -60,13 +93,16 @@ def _renderer() -> Path:
     return installed(RENDERER, RENDERER_FILES, "faces-renderer", "the faces renderer", NODE_LINE)
 
 
-def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, shared: bool = False) -> Path:
-    """Render ``n`` faces into the folder ``out`` (written beside it and moved into place whole); returns it.
+def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, style: str = "pixel-art",
+                 shared: bool = False) -> Path:
+    """Render ``n`` faces of ``style`` (`STYLES`) into the folder ``out`` (written beside it and moved into place
+    whole); returns it.
 
     ``shared``: ``out`` is a cache folder other processes may render at the same time; where one of them moves its
     folder into place first, that one is kept (the same arguments render the same bytes)."""
     for name, value, low, high in (("n", n, 1, 1 << 24), ("seed", seed, 0, 2**31 - 1), ("size", size, 8, 512)):
         check_size("render_faces", name, value, low=low, high=high)
+    _check_style(style, "render_faces")
     out = Path(out)
     if out.exists():
         raise InvalidInputError(f"{out} exists; render faces into a new folder (or remove it)")
@@ -81,7 +117,7 @@ def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, shar
         limit = RENDER_SECONDS[0] + RENDER_SECONDS[1] * n
         try:
             done = subprocess.run([shutil.which("node") or "node", str(home / "render.mjs"), "--out", str(staging),
-                                   "--n", str(n), "--seed", str(seed), "--size", str(size)],
+                                   "--n", str(n), "--seed", str(seed), "--size", str(size), "--style", style],
                                   capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired:
             raise RunFailure(f"rendering {n:,} faces did not finish in {limit:,.0f} s (the bound for that many);"
@@ -102,18 +138,22 @@ def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, shar
     return out
 
 
-def faces_folder(n: int, seed: int = 0, size: int = 16) -> Path:
-    """The rendered folder of ``n`` faces from ``seed`` at ``size``, rendered into the cache the first time."""
-    folder = cache_root() / f"faces-{renderer_digest()}-n{n}-seed{seed}-size{size}"
+def faces_folder(n: int, seed: int = 0, size: int = 16, style: str = "pixel-art") -> Path:
+    """The rendered folder of ``n`` faces of ``style`` from ``seed`` at ``size``, rendered into the cache the first
+    time."""
+    _check_style(style, "faces_folder")
+    tag = "" if style == "pixel-art" else f"-{style}"  # the default style's folders keep their names
+    folder = cache_root() / f"faces-{renderer_digest()}{tag}-n{n}-seed{seed}-size{size}"
     if not (folder / "list_attr_celeba.txt").is_file():
-        render_faces(folder, n, seed, size, shared=True)
+        render_faces(folder, n, seed, size, style=style, shared=True)
     return folder
 
 
-def faces(n: int, seed: int = 0, size: int = 16, holdout: Sequence[Mapping[str, str]] = ()) -> ImageDataset:
-    """``n`` rendered faces with their four attributes, the ``holdout`` combinations left out."""
-    data = attribute_folder(faces_folder(n, seed, size), image_size=size, channels=3, holdout=holdout,
-                            values=FACES_ATTRIBUTES)
+def faces(n: int, seed: int = 0, size: int = 16, holdout: Sequence[Mapping[str, str]] = (),
+          style: str = "pixel-art") -> ImageDataset:
+    """``n`` rendered faces of ``style`` with their four attributes, the ``holdout`` combinations left out."""
+    data = attribute_folder(faces_folder(n, seed, size, style), image_size=size, channels=3, holdout=holdout,
+                            values=_check_style(style, "faces").attributes)
     data.name = "faces"
     return data
 
@@ -128,9 +168,12 @@ class FacesData(DataConfig):
     seed: int = 0
     """seed of the renders (attributes and every other option)"""
     size: int = 16
-    """image side (the designs are 16x16)"""
+    """image side (pixel-art's designs are 16x16; lorelei's line art wants 64 or more)"""
     holdout: tuple[dict[str, str], ...] = ()
     """attribute combinations kept out of training, e.g. ``[{smiling = "yes", glasses = "yes", hat = "yes"}]``"""
+    style: str = "pixel-art"
+    """DiceBear style (`STYLES`): ``pixel-art`` (smiling, glasses, hat, hair) or ``lorelei`` (smiling, glasses,
+    beard, hair)"""
 
     def __post_init__(self) -> None:
         check_size("FacesData", "n", self.n, high=1 << 24)
@@ -138,14 +181,14 @@ class FacesData(DataConfig):
         check_size("FacesData", "size", self.size, low=8, high=min(512, MAX_IMAGE_SIZE))
         from composable_ebm.data.base import check_holdout
 
-        check_holdout(self.holdout, FACES_ATTRIBUTES, "FacesData")
+        check_holdout(self.holdout, _check_style(self.style, "FacesData.style").attributes, "FacesData")
 
     def build(self, base: Path | None = None) -> ImageDataset:
-        return faces(self.n, self.seed, self.size, self.holdout)
+        return faces(self.n, self.seed, self.size, self.holdout, self.style)
 
     def render(self, out: Path) -> Path:
         """Render the faces into ``out`` (every face: a held-out combination is a training choice, not the data's)."""
-        return render_faces(out, self.n, self.seed, self.size)
+        return render_faces(out, self.n, self.seed, self.size, style=self.style)
 
     def describe(self, base: Path | None = None) -> tuple[dict[str, tuple[str, ...]], tuple[int, ...]]:
-        return dict(FACES_ATTRIBUTES), (3, self.size, self.size)
+        return dict(STYLES[self.style].attributes), (3, self.size, self.size)

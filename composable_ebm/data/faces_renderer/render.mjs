@@ -1,13 +1,18 @@
-// Render pixel-art faces with DiceBear (designs CC0 1.0, code MIT) into a CelebA-format folder.
+// Render DiceBear faces (designs CC0 1.0, code MIT) into a CelebA-format folder.
 //
-//   node render.mjs --out DIR --n N --seed S [--size 16]
+//   node render.mjs --out DIR --n N --seed S [--size 16] [--style pixel-art|lorelei]
 //
-// Each face's attributes are drawn independently and balanced from a PRNG seeded with S: smiling (a happy or a sad
-// mouth), glasses, hat (each present or absent), hair (one of four colours). Every other option (eyes, skin,
-// clothing, accessories, beard, which mouth, glasses, hat and hairstyle) is DiceBear's own draw from the face's seed.
-// The same arguments give the same bytes. Writes DIR/000000.png ... and DIR/list_attr_celeba.txt.
+// Each face's attributes are drawn independently and balanced from a PRNG seeded with S; every other option is
+// DiceBear's own draw from the face's seed. The same arguments give the same bytes. Writes DIR/000000.png ... and
+// DIR/list_attr_celeba.txt.
+//
+// pixel-art (16x16 designs): smiling (a happy or a sad mouth), glasses, hat (each present or absent), hair (one of
+// four colours); DiceBear draws eyes, skin, clothing, accessories, beard, which mouth, glasses, hat and hairstyle.
+// lorelei (line art by Lisa Wischofsky, for 64 px and up): smiling, glasses, beard (each present or absent), hair
+// (one of four colours, beard included); DiceBear draws head, eyes, eyebrows, nose, earrings, freckles, which
+// mouth, glasses and beard, and the hairstyle.
 import { createAvatar } from '@dicebear/core';
-import { pixelArt } from '@dicebear/collection';
+import { lorelei, pixelArt } from '@dicebear/collection';
 import { Resvg } from '@resvg/resvg-js';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -29,15 +34,81 @@ const SAD = ['sad01', 'sad04', 'sad05', 'sad06', 'sad07'];
 const LONG_HAIR = Array.from({ length: 21 }, (_, i) => `long${String(i + 1).padStart(2, '0')}`);
 const BACKGROUND = 'e8eef4';
 
+// lorelei: hair and beard share the colour, and the mouth is drawn in black over the beard, so no colour is as dark
+// as the mouth's lines; the four are far apart in hue or lightness at 64 px.
+const LORELEI_HAIR = {
+  blond: ['d9b76e'],
+  brown: ['83623b'],
+  grey: ['a9aeb3'],
+  red: ['bd1700'],
+};
+// The mouths a 64-px face shows as smiling or not: wide upturned smiles, open or closed (happy01, 03-06), against
+// an open round mouth, a frown and a straight line (sad01, 04, 05). The other designs are small smirks, tongues and
+// teeth that look alike under either label.
+const LORELEI_HAPPY = ['happy01', 'happy03', 'happy04', 'happy05', 'happy06'];
+const LORELEI_SAD = ['sad01', 'sad04', 'sad05'];
+// Hairstyles whose hair shows its colour: 25, 28 and 34 are nearly bald.
+const LORELEI_HAIRSTYLES = Array.from({ length: 48 }, (_, i) => `variant${String(i + 1).padStart(2, '0')}`)
+  .filter((v) => !['variant25', 'variant28', 'variant34'].includes(v));
+
+const STYLES = {
+  'pixel-art': {
+    columns: 'smiling glasses hat hair',
+    hair: HAIR,
+    draw(random, seed, hairNames) {
+      const smiling = random() < 0.5;
+      const glasses = random() < 0.5;
+      const hat = random() < 0.5;
+      const hair = hairNames[Math.floor(random() * hairNames.length)];
+      const svg = createAvatar(pixelArt, {
+        seed,
+        mouth: smiling ? HAPPY : SAD,
+        glassesProbability: glasses ? 100 : 0,
+        hatProbability: hat ? 100 : 0,
+        hairColor: HAIR[hair],
+        ...(hat ? { hair: LONG_HAIR } : {}),
+        backgroundColor: [BACKGROUND],
+      }).toString();
+      return { svg, row: [smiling, glasses, hat, hair], crisp: true };
+    },
+  },
+  lorelei: {
+    columns: 'smiling glasses beard hair',
+    hair: LORELEI_HAIR,
+    draw(random, seed, hairNames) {
+      const smiling = random() < 0.5;
+      const glasses = random() < 0.5;
+      const beard = random() < 0.5;
+      const hair = hairNames[Math.floor(random() * hairNames.length)];
+      const svg = createAvatar(lorelei, {
+        seed,
+        mouth: smiling ? LORELEI_HAPPY : LORELEI_SAD,
+        glassesProbability: glasses ? 100 : 0,
+        beardProbability: beard ? 100 : 0,
+        hairColor: LORELEI_HAIR[hair],
+        hair: LORELEI_HAIRSTYLES,
+        hairAccessoriesProbability: 0,
+        backgroundColor: [BACKGROUND],
+      }).toString();
+      return { svg, row: [smiling, glasses, beard, hair], crisp: false };
+    },
+  },
+};
+
 function args(argv) {
-  const out = { size: 16 };
+  const out = { size: 16, style: 'pixel-art' };
   for (let i = 0; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '');
-    if (!['out', 'n', 'seed', 'size'].includes(key) || argv[i + 1] === undefined) {
-      console.error(`render.mjs: unknown or incomplete option ${argv[i]}; valid: --out DIR --n N --seed S [--size 16]`);
+    if (!['out', 'n', 'seed', 'size', 'style'].includes(key) || argv[i + 1] === undefined) {
+      console.error(`render.mjs: unknown or incomplete option ${argv[i]}; valid: --out DIR --n N --seed S [--size 16]`
+        + ' [--style pixel-art|lorelei]');
       process.exit(2);
     }
-    out[key] = key === 'out' ? argv[i + 1] : Number(argv[i + 1]);
+    out[key] = ['out', 'style'].includes(key) ? argv[i + 1] : Number(argv[i + 1]);
+  }
+  if (!Object.hasOwn(STYLES, out.style)) {
+    console.error(`render.mjs: unknown --style ${out.style}; valid: ${Object.keys(STYLES).join(', ')}`);
+    process.exit(2);
   }
   for (const key of ['n', 'seed', 'size']) {
     if (!Number.isInteger(out[key]) || out[key] < 0) {
@@ -67,27 +138,18 @@ function prng(seed) {
 const opts = args(process.argv.slice(2));
 fs.mkdirSync(opts.out, { recursive: true });
 const random = prng(opts.seed);
-const groups = Object.keys(HAIR);
+const style = STYLES[opts.style];
+const groups = Object.keys(style.hair);
 const rows = [];
 for (let i = 0; i < opts.n; i++) {
-  const smiling = random() < 0.5;
-  const glasses = random() < 0.5;
-  const hat = random() < 0.5;
-  const hair = groups[Math.floor(random() * groups.length)];
-  const avatar = createAvatar(pixelArt, {
-    seed: `${opts.seed}-${i}`,
-    mouth: smiling ? HAPPY : SAD,
-    glassesProbability: glasses ? 100 : 0,
-    hatProbability: hat ? 100 : 0,
-    hairColor: HAIR[hair],
-    ...(hat ? { hair: LONG_HAIR } : {}),
-    backgroundColor: [BACKGROUND],
-  });
-  const png = new Resvg(avatar.toString(), { fitTo: { mode: 'width', value: opts.size }, shapeRendering: 0 })
+  const { svg, row, crisp } = style.draw(random, `${opts.seed}-${i}`, groups);
+  // crisp: pixel-art's squares stay squares (no anti-aliasing); line art is anti-aliased
+  const png = new Resvg(svg, { fitTo: { mode: 'width', value: opts.size }, shapeRendering: crisp ? 0 : 2 })
     .render().asPng();
   const name = `${String(i).padStart(6, '0')}.png`;
   fs.writeFileSync(path.join(opts.out, name), png);
-  rows.push(`${name} ${smiling ? 1 : -1} ${glasses ? 1 : -1} ${hat ? 1 : -1} ${hair}`);
+  const [a, b, c, hair] = row;
+  rows.push(`${name} ${a ? 1 : -1} ${b ? 1 : -1} ${c ? 1 : -1} ${hair}`);
 }
-fs.writeFileSync(path.join(opts.out, 'list_attr_celeba.txt'), [String(opts.n), 'smiling glasses hat hair', ...rows].join('\n') + '\n');
+fs.writeFileSync(path.join(opts.out, 'list_attr_celeba.txt'), [String(opts.n), style.columns, ...rows].join('\n') + '\n');
 console.log(`rendered ${opts.n} faces into ${opts.out}`);
