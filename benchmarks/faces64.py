@@ -27,9 +27,10 @@ On a lent GPU (the device tool), the data travels packed, since the machine has 
 
 ``gpu`` unpacks the renders into the cache folder the recipes read, trains the four models side by side on the one
 GPU (one process each, ``--max-minutes``), writes each model folder as ``$OUT/faces64-<attribute>.tar`` and the logs
-beside them, then runs ``tests/test_cuda.py``. A second call goes on from the models of the first where they are
-carried (``--init DIR``: DIR/faces64-<attribute>/ model folders, as the tars unpack): each run starts from those
-weights.
+beside them, then runs ``tests/test_cuda.py``. On the same machine, a second call resumes each run from its
+checkpoint (the runs live in /tmp/faces64-runs there). A call on a fresh machine starts each run from the weights
+of an earlier call where they are carried (``--init DIR``: DIR/faces64-<attribute>/ model folders, as the tars
+unpack; a model's float32 weights are 12 MB, and the tree a call carries holds 64 MiB, the repository included).
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ VALUES = STYLES[DATA["style"]].attributes
 
 # ----------------------------------------------------------------------------- the data, packed for a GPU
 def pack(out: Path, data: dict = DATA) -> Path:
-    """The renders of a recipe's ``[data]`` as one xz-compressed uint8 array (line art compresses about 60 times) and
-    their table, in ``out``; returns it."""
+    """The renders of a recipe's ``[data]`` as one xz-compressed uint8 array (the recipes' 20,000 renders: 246 MB
+    in 2 MB) and their table, in ``out``; returns it."""
     folder = faces_folder(data["n"], data.get("seed", 0), data["size"], data["style"])
     names = sorted(p.name for p in folder.glob("*.png"))
     images = np.stack([np.asarray(Image.open(folder / name).convert("RGB")) for name in names])
@@ -101,16 +102,16 @@ def unpack(carry: Path, cache: Path) -> Path:
     return folder
 
 
-def gpu(carry: Path, minutes: float, init: Path | None, out: Path) -> int:
-    """Train the four models side by side on this machine's GPU, tar their model folders into ``out``, then run
-    tests/test_cuda.py; returns the tests' exit status."""
+def gpu(carry: Path, minutes: float, init: Path | None, out: Path, device: str = "cuda") -> int:
+    """Train the four models side by side on this machine's GPU (``device``; ``cpu`` rehearses the call here), tar
+    their model folders into ``out``, then run tests/test_cuda.py; returns the worst exit status."""
     cache = Path(os.environ.setdefault("CEBM_CACHE", "/tmp/cebm-cache"))
     print(f"renders in {unpack(carry, cache)}", flush=True)
     runs = Path("/tmp/faces64-runs")
     jobs = {}
     for attribute in ATTRIBUTES:
         command = [sys.executable, "-m", "composable_ebm", "train", str(ROOT / "recipes" / f"faces64-{attribute}.toml"),
-                   "--out", str(runs / f"faces64-{attribute}"), "--device", "cuda", "--max-minutes", str(minutes),
+                   "--out", str(runs / f"faces64-{attribute}"), "--device", device, "--max-minutes", str(minutes),
                    "--no-progress"]
         if init is not None and (init / f"faces64-{attribute}").is_dir():
             command += ["--init", str(init / f"faces64-{attribute}")]
@@ -236,41 +237,64 @@ def seconds_at(run: Path) -> dict[int, float]:
     return out
 
 
-def curve(run: Path, recipe: Path, classifier_path: str, n: int, every: int) -> list[dict]:
+def snapshot_samples(run: Path, recipe: Path, n: int, every: int) -> dict[int, Path]:
+    """The samples of every kept snapshot whose step is a multiple of ``every``: ``n`` per value of the model's
+    attribute (seed: the value's index) and the contact sheet's 8 (seed 50 + the index), drawn with the recipe's
+    defaults and kept in ``RUN/snapshot-samples/`` (drawn once: the scoring needs the classifier, the drawing
+    not)."""
+    from safetensors.torch import save_file
+
     spec = load_recipe(recipe)
     model = build_model(spec, build_dataset(spec.data)).eval()
-    classifier = load_model(classifier_path).eval()
     (attribute, values), = model.attributes.items()
-    fresh = {v: (renders_of(attribute, v, 1000, seed=100 + i), renders_of(attribute, v, 4 * n, seed=200 + i))
-             for i, v in enumerate(values)}
-    clock = seconds_at(run)
-    points, last = [], None
+    kept = {}
     for snap in sorted((run / "snapshots").glob("ema-*.safetensors")):
         step = int(snap.stem.split("-")[1])
         if step == 0 or step % every:
             continue
-        model.load_state_dict(load_file(snap), strict=True)
+        out = run / "snapshot-samples" / f"n{n}-step{step:06d}.safetensors"
+        if not out.is_file():
+            model.load_state_dict(load_file(snap), strict=True)
+            drawn = {}
+            for i, value in enumerate(values):
+                drawn[value] = model.condition(**{attribute: value}).sample(n, seed=i).contiguous()
+                drawn[f"sheet-{value}"] = model.condition(**{attribute: value}).sample(8, seed=50 + i).contiguous()
+            out.parent.mkdir(parents=True, exist_ok=True)
+            save_file(drawn, out)
+            print(f"drew {out}", flush=True)
+        kept[step] = out
+    return kept
+
+
+def curve(run: Path, recipe: Path, classifier_path: str, n: int, every: int) -> list[dict]:
+    """One point per kept snapshot (`snapshot_samples`): each value's FID ratio and read-right share."""
+    kept = snapshot_samples(run, recipe, n, every)
+    classifier = load_model(classifier_path).eval()
+    attribute = load_recipe(recipe).data.attributes[0]
+    values = VALUES[attribute]
+    fresh = {v: (renders_of(attribute, v, 1000, seed=100 + i), renders_of(attribute, v, 4 * n, seed=200 + i))
+             for i, v in enumerate(values)}
+    clock = seconds_at(run)
+    points = []
+    for step, path in sorted(kept.items()):
+        drawn = load_file(path)
         point = {"run": shown(run), "step": step, "minutes": clock.get(step, float("nan")) / 60, "values": {}}
-        for i, value in enumerate(values):
-            samples = model.condition(**{attribute: value}).sample(n, seed=i)
+        for value in values:
             reference, real = fresh[value]
-            score = realism(samples, real, reference, classifier.features)
-            read = value_distribution(classifier.predict(samples)[attribute], values)
+            score = realism(drawn[value], real, reference, classifier.features)
+            read = value_distribution(classifier.predict(drawn[value])[attribute], values)
             point["values"][value] = {"fid_ratio": score.fid_ratio, "accuracy": read[values.index(value)]}
-            last = (step, value, samples)
         ratios = [v["fid_ratio"] for v in point["values"].values()]
         reads = [v["accuracy"] for v in point["values"].values()]
         point.update(fid_ratio_median=statistics.median(ratios), fid_ratio_worst=max(ratios),
                      accuracy_mean=statistics.mean(reads), accuracy_worst=min(reads))
         points.append(point)
         print(json.dumps(point), flush=True)
-    if last is not None:  # the last snapshot's samples of every value beside renders of it
-        step = last[0]
-        model.load_state_dict(load_file(run / "snapshots" / f"ema-{step:06d}.safetensors"), strict=True)
-        rows = [(model.condition(**{attribute: v}).sample(8, seed=50 + i), fresh[v][1][:8])
-                for i, v in enumerate(values)]
+    if kept:  # the last snapshot's samples of every value beside renders of it
+        drawn = load_file(kept[max(kept)])
+        rows = [(drawn[f"sheet-{v}"], fresh[v][1][:8]) for v in values]
         save_image_grid(contact_sheet(rows, per_row=8, scale=2).unsqueeze(0),
-                        ROOT / "docs" / "images" / f"faces64-curve-{model.name}.png", nrow=1, padding=0)
+                        ROOT / "docs" / "images" / f"faces64-curve-{run.name}.png", nrow=1, padding=0)
     return points
 
 
@@ -283,6 +307,7 @@ def main() -> None:
     g.add_argument("--carry", type=Path, default=ROOT / "runs" / "faces64-carry")
     g.add_argument("--minutes", type=float, default=8.0)
     g.add_argument("--init", type=Path, default=None)
+    g.add_argument("--device", default="cuda", help="cpu: rehearse the call on this machine")
     g.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ROOT / "runs" / "faces64-gpu")))
     b = verbs.add_parser("bundle-classifier")
     b.add_argument("--classifier", type=Path, default=ROOT / "runs" / "faces64" / "classifier")
@@ -298,13 +323,14 @@ def main() -> None:
     c.add_argument("--n", type=int, default=64)
     c.add_argument("--every", type=int, default=200)
     c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--draw-only", action="store_true", help="draw and keep the snapshots' samples; score later")
     verbs.add_parser("report")
     args = parser.parse_args()
     if args.verb == "pack":
         pack(args.out)
     elif args.verb == "gpu":
         args.out.mkdir(parents=True, exist_ok=True)
-        raise SystemExit(gpu(args.carry, args.minutes, args.init, args.out))
+        raise SystemExit(gpu(args.carry, args.minutes, args.init, args.out, args.device))
     elif args.verb == "estimate":
         estimates([run.resolve() for run in args.run])
     elif args.verb == "bundle-classifier":
@@ -323,7 +349,12 @@ def main() -> None:
         for run in args.run:
             run = run.resolve()
             recipe = ROOT / "recipes" / f"{run.name}.toml"
-            points += curve(run, recipe, args.classifier, args.n, args.every)
+            if args.draw_only:
+                snapshot_samples(run, recipe, args.n, args.every)
+            else:
+                points += curve(run, recipe, args.classifier, args.n, args.every)
+        if args.draw_only:
+            return
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "curve.json").write_text(json.dumps(points, indent=1))
 

@@ -525,3 +525,31 @@ def test_faces_speed_reads_a_setting_as_its_fields_read_it():
         "fast", {"levels": 8, "step_size": 0.1, "predictor": "heun", "denoise": False})
     with pytest.raises(SystemExit, match="is not field=value"):
         parse_setting("fast:levels")
+
+
+def test_a_flatten_classifier_reads_where_a_feature_is_and_round_trips(tmp_path):
+    """``pooling = "flatten"``: the heads read the whole last feature map (every position's features), and learn a
+    mark that differs only in where it is (a dot in the left or the right half); the config round-trips, and an
+    unknown pooling is one line naming the choices."""
+    from composable_ebm.errors import InvalidInputError
+    from composable_ebm.evaluation.classifier import AttributeClassifier, ClassifierConfig, train_classifier
+
+    g = torch.Generator().manual_seed(0)
+    side = torch.randint(2, (512,), generator=g)
+    images = torch.full((512, 3, 16, 16), 0.5)
+    rows = torch.randint(4, 12, (512,), generator=g)
+    for i in range(512):  # a dark 2x2 dot at columns 3-4 (left) or 11-12 (right), at a random height
+        col = 3 if side[i] == 0 else 11
+        images[i, :, rows[i]:rows[i] + 2, col:col + 2] = 0.0
+    config = ClassifierConfig(name="dots", image_size=16, attributes={"side": ("left", "right")}, pooling="flatten")
+    torch.manual_seed(0)
+    classifier = AttributeClassifier(config)
+    assert classifier.heads["side"].in_features == 128 * 2 * 2  # width 32 doubled twice, at 16 / 8 = 2 a side
+    train_classifier(classifier, images[:384], {"side": side[:384]}, steps=150, batch_size=32, seed=0)
+    assert float((classifier.predict(images[384:])["side"] == side[384:]).float().mean()) > 0.95
+    save_model(classifier, tmp_path / "dots")
+    again = load_model(tmp_path / "dots")
+    assert again.config.pooling == "flatten" and torch.equal(again.predict(images[384:])["side"],
+                                                              classifier.predict(images[384:])["side"])
+    with pytest.raises(InvalidInputError, match="pooling must be one of mean, flatten, got 'max'"):
+        ClassifierConfig(name="x", attributes={"side": ("left", "right")}, pooling="max")

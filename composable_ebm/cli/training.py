@@ -119,6 +119,9 @@ def train_classifier_command(
     held_out: Annotated[float, typer.Option(
         min=0.0, max=0.5, help="Share of the rows kept aside to measure accuracy.")] = 0.1,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the split and the training.")] = 0,
+    pooling: Annotated[str, typer.Option(
+        help="What the heads read of the last feature map: mean (over positions) or flatten (the whole map: for"
+             " aligned images whose attributes are small and in one place, such as faces at 64 px).")] = "mean",
     device: DeviceOpt = None,
     overwrite: OverwriteOpt = False,
 ) -> None:
@@ -130,7 +133,7 @@ def train_classifier_command(
     from composable_ebm.evaluation.classifier import fit_folder_classifier
 
     result = fit_folder_classifier(folder, out, attributes or None, attribute_file, size, steps, held_out, seed,
-                                   _device(device), overwrite=overwrite)
+                                   _device(device), overwrite=overwrite, pooling=pooling)
     for attr, acc in result.accuracy.items():
         typer.echo(f"{attr}: {acc:.3f} read right on {result.held_out} held-out images")
     typer.echo(f"wrote {result.folder}")

@@ -26,6 +26,10 @@ if TYPE_CHECKING:  # pragma: no cover; the data layer is only named in annotatio
     from composable_ebm.data.base import ImageDataset
 
 
+POOLINGS = ("mean", "flatten")
+"""`ClassifierConfig.pooling` choices."""
+
+
 @dataclass(frozen=True)
 class ClassifierConfig(JSONConfig):
     """Configuration of an `AttributeClassifier` (round-trips through JSON)."""
@@ -40,6 +44,10 @@ class ClassifierConfig(JSONConfig):
     """channels of the first conv; doubled at each of the three stages"""
     attributes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Attributes it reads: name -> value names (one head each)."""
+    pooling: str = "mean"
+    """what the heads read of the last feature map: ``mean``, its mean over positions (where a feature fires does
+    not count), or ``flatten``, the whole map (where counts: for aligned images, such as faces, whose attributes are
+    small and in one place, a mouth's curve at 64 px)"""
 
     def __post_init__(self) -> None:
         check_size("ClassifierConfig", "image_size", self.image_size, low=8, high=MAX_IMAGE_SIZE)
@@ -48,11 +56,15 @@ class ClassifierConfig(JSONConfig):
         if self.width % 8:
             raise InvalidInputError(f"ClassifierConfig.width must be a multiple of 8 (group norm), got {self.width}")
         check_attributes("ClassifierConfig", self.attributes)
+        if self.pooling not in POOLINGS:
+            raise InvalidInputError(f"ClassifierConfig.pooling must be one of {', '.join(POOLINGS)}, got"
+                                    f" {self.pooling!r}")
 
 
 @register("attribute-classifier")
 class AttributeClassifier(Pretrained, nn.Module):
-    """Three conv stages (conv, group norm, SiLU, conv, 2x pool) -> global mean -> one linear head per attribute."""
+    """Three conv stages (conv, group norm, SiLU, conv, 2x pool) -> global mean (or the whole last feature map:
+    ``pooling``) -> one linear head per attribute."""
 
     config_class = ClassifierConfig
 
@@ -70,23 +82,30 @@ class AttributeClassifier(Pretrained, nn.Module):
             ]
             cin, w = w, 2 * w
         self.body = nn.Sequential(*layers)
-        self.heads = nn.ModuleDict({a: nn.Linear(cin, len(v)) for a, v in config.attributes.items()})
+        read = cin if config.pooling == "mean" else cin * (config.image_size // 8) ** 2
+        self.heads = nn.ModuleDict({a: nn.Linear(read, len(v)) for a, v in config.attributes.items()})
         self.feature_dim = cin
 
-    def features(self, x: Tensor) -> Tensor:
-        """Penultimate features ``(B, feature_dim)``: a feature network for FID on small images. Images of another
-        size or number of channels than it was trained on are one line (the network would read them, wrongly)."""
+    def feature_map(self, x: Tensor) -> Tensor:
+        """The last conv stage's output ``(B, C, S / 8, S / 8)``. Images of another size or number of channels than
+        it was trained on are one line (the network would read them, wrongly)."""
         c = self.config
         if x.ndim != 4 or tuple(x.shape[1:]) != (c.in_channels, c.image_size, c.image_size):
             raise InvalidInputError(
                 f"classifier {c.name} reads {c.image_size}x{c.image_size} images with {c.in_channels} channel(s), got"
                 f" images of shape {tuple(x.shape[1:])}; valid choices: a classifier trained at the images' size"
                 " (cebm train-classifier --size), or images of its size")
-        return self.body(x).mean(dim=(2, 3))
+        return self.body(x)
+
+    def features(self, x: Tensor) -> Tensor:
+        """Penultimate features ``(B, feature_dim)``, the last feature map's mean over positions: a feature network
+        for FID on small images (whatever the heads read)."""
+        return self.feature_map(x).mean(dim=(2, 3))
 
     def forward(self, x: Tensor) -> dict[str, Tensor]:
         """Logits per attribute: ``{attr: (B, num_values)}``."""
-        h = self.features(x)
+        h = self.feature_map(x)
+        h = h.mean(dim=(2, 3)) if self.config.pooling == "mean" else h.flatten(1)
         return {a: head(h) for a, head in self.heads.items()}
 
     def predict(self, x: Tensor, batch_size: int = 256) -> dict[str, Tensor]:
@@ -173,7 +192,8 @@ def compositional_accuracy(
 
 
 def fit_classifier(data: ImageDataset, name: str, held_out: float = 0.1, steps: int = 1500, seed: int = 0,
-                   width: int = 32, device: torch.device | str = "cpu") -> tuple[AttributeClassifier, dict[str, float]]:
+                   width: int = 32, device: torch.device | str = "cpu", pooling: str = "mean",
+                   ) -> tuple[AttributeClassifier, dict[str, float]]:
     """An `AttributeClassifier` of every attribute of ``data`` (an `ImageDataset`), trained on all
     but a share ``held_out`` of its images (drawn with ``seed``), and its accuracy per attribute on those (empty when
     none are kept aside)."""
@@ -182,7 +202,7 @@ def fit_classifier(data: ImageDataset, name: str, held_out: float = 0.1, steps: 
     aside = int(round(held_out * n))
     test, train = order[:aside], order[aside:]
     config = ClassifierConfig(name=name, image_size=data.images.shape[-1], in_channels=data.images.shape[1],
-                              width=width, attributes=dict(data.attributes))
+                              width=width, attributes=dict(data.attributes), pooling=pooling)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         classifier = AttributeClassifier(config).to(device)
@@ -206,7 +226,7 @@ class FolderClassifier:
 def fit_folder_classifier(
     folder: str | Path, out: str | Path, attributes: list[str] | None = None,
     attribute_file: str = "list_attr_celeba.txt", size: int = 32, steps: int = 1500, held_out: float = 0.1,
-    seed: int = 0, device: torch.device | str = "cpu", overwrite: bool = False,
+    seed: int = 0, device: torch.device | str = "cpu", overwrite: bool = False, pooling: str = "mean",
 ) -> FolderClassifier:
     """Train an `AttributeClassifier` on an image folder's attributes (`composable_ebm.data.attribute_folder`) and
     save it to ``out``: the classifier `cebm eval compose` scores compositions of that folder's models with.
@@ -220,6 +240,8 @@ def fit_folder_classifier(
     from composable_ebm.models import save_model
 
     folder, out = Path(folder), Path(out)
+    if pooling not in POOLINGS:
+        raise InvalidInputError(f"unknown pooling {pooling!r}; valid choices: {', '.join(POOLINGS)}")
     if not overwrite:
         check_new_folder(out)
     data = attribute_folder(folder, attribute_file, image_size=size)
@@ -233,7 +255,7 @@ def fit_folder_classifier(
     if n - aside < 2:
         raise InvalidInputError(f"{folder}: {n} images, too few to train a classifier (and keep {aside} aside)")
     classifier, accuracy = fit_classifier(data, f"{folder.name}-classifier", held_out=held_out, steps=steps, seed=seed,
-                                          device=device)
+                                          device=device, pooling=pooling)
     notes = (f"Trained for {steps} steps on {n - aside} images of `{folder.name}`; read right on {aside} held-out"
              " images: " + ", ".join(f"{a} {v:.3f}" for a, v in accuracy.items()) + ".") if aside else None
     save_model(classifier.cpu(), out, card=model_card(classifier, location=str(out), notes=notes), overwrite=overwrite)
