@@ -74,6 +74,22 @@ def classifier_card_text(classifier, images, labels: dict, dataset: str, about: 
     return card, accuracy
 
 
+def bundle_classifier_as(classifier, name: str, images, labels: dict, dataset: str, about: str, measured_on: str,
+                         license: str = "mit") -> dict[str, float]:
+    """Bundle a trained classifier under ``name``: its card (`classifier_card_text`, the accuracy on ``images``) in
+    its folder and in model_cards/; returns that accuracy per attribute."""
+    import dataclasses
+
+    classifier.config = dataclasses.replace(classifier.config, name=name)
+    card, accuracy = classifier_card_text(classifier, images, labels, dataset, about, measured_on, name,
+                                          license=license)
+    save_model(classifier, BUNDLED_DIR / name, card=card)
+    CARDS_DIR.mkdir(exist_ok=True)
+    (CARDS_DIR / f"{name}.md").write_text(card)
+    print(f"bundled {name}: " + ", ".join(f"{a} {v:.3f}" for a, v in accuracy.items()))
+    return accuracy
+
+
 def classifier_card() -> None:
     """The bundled classifier's card: what it predicts, how to use it, its accuracy on fresh renders."""
     from composable_ebm.data import shapes

@@ -37,7 +37,7 @@ import re
 import statistics
 from pathlib import Path
 
-from benchmarks.bundle import CARDS_DIR, _training_minutes, classifier_card_text
+from benchmarks.bundle import CARDS_DIR, _training_minutes, bundle_classifier_as
 from benchmarks.faces import ATTRIBUTES, HELD_OUT, alone_table
 from composable_ebm.data import FACES_ATTRIBUTES, faces
 from composable_ebm.data.faces import GENERATOR
@@ -137,20 +137,15 @@ def _quality(attribute: str, rows: list[dict], classifier_name: str) -> list[str
 def bundle_classifier(source: Path) -> None:
     """Copy the faces classifier under its short name with a card giving its accuracy on fresh renders."""
     classifier = load_model(source)
-    classifier.config = dataclasses.replace(classifier.config, name=CLASSIFIER)
     data = faces(2000, seed=123, size=classifier.config.image_size)  # renders no model or classifier saw
-    card, accuracy = classifier_card_text(
-        classifier, data.images.float() / 255, data.labels, "faces",
+    bundle_classifier_as(
+        classifier, CLASSIFIER, data.images.float() / 255, data.labels, "faces",
         f"Reads the four attributes of a 16x16 face of the faces dataset ({GENERATOR}); `benchmarks/faces.py` scores"
         " samples and compositions with it, its penultimate features are the space of their FID ratio, and the studio"
         " reads the faces models' samples with it. It reads only what it was trained on: clean renders. Artefacts in"
         " samples can still be read as an attribute, so look at the samples too.",
         "Accuracy on 2,000 fresh renders (`faces(2000, seed=123)`, every combination; `python -m"
-        " benchmarks.bundle_faces`):", CLASSIFIER)
-    save_model(classifier, BUNDLED_DIR / CLASSIFIER, card=card)
-    CARDS_DIR.mkdir(exist_ok=True)
-    (CARDS_DIR / f"{CLASSIFIER}.md").write_text(card)
-    print(f"bundled {CLASSIFIER}: " + ", ".join(f"{a} {v:.3f}" for a, v in accuracy.items()))
+        " benchmarks.bundle_faces`):")
 
 
 def _trained_from_runs(name: str, chain: list[Stage]) -> tuple[int, str, list[str]]:

@@ -16,14 +16,13 @@ the folder ``cebm data mnist`` writes). Writes each card into ``model_cards/`` a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 from pathlib import Path
 
 import torch
 
-from benchmarks.bundle import CARDS_DIR, classifier_card_text
+from benchmarks.bundle import CARDS_DIR, bundle_classifier_as
 from benchmarks.bundle_faces import Stage, _guidance, _trained_from_card, _trained_from_runs
 from benchmarks.mnist import ATTRIBUTES, HELD_OUT
 from composable_ebm.data import mnist
@@ -54,11 +53,10 @@ def held_out_split(n: int, share: float = 0.1, seed: int = 0) -> torch.Tensor:
 def bundle_classifier(source: Path) -> None:
     """Copy the digit classifier under its short name with a card giving its accuracy on held-out real digits."""
     classifier = load_model(source).eval()
-    classifier.config = dataclasses.replace(classifier.config, name=CLASSIFIER)
     data = mnist()
     test = held_out_split(len(data))
-    card, accuracy = classifier_card_text(
-        classifier, data.images[test].float() / 255, {"digit": data.labels["digit"][test]}, "mnist",
+    bundle_classifier_as(
+        classifier, CLASSIFIER, data.images[test].float() / 255, {"digit": data.labels["digit"][test]}, "mnist",
         f"Reads the digit of a 28x28 grey handwritten digit ({SOURCE}); `benchmarks/mnist.py` scores the mnist"
         " models' samples and compositions with it, and its penultimate features are the space of their FID ratio."
         " Thickness and slant are not its to read: the functions that labelled the data measure them"
@@ -66,11 +64,7 @@ def bundle_classifier(source: Path) -> None:
         " samples can still be read as a digit, so look at the samples too.",
         f"Accuracy on the {len(test):,} digits `cebm train-classifier` kept out of its training (`cebm data mnist`,"
         " then `cebm train-classifier DATA -a digit --size 28`, its default 10% split, seed 0; `python -m"
-        " benchmarks.bundle_mnist`):", CLASSIFIER, license=LICENSE)
-    save_model(classifier, BUNDLED_DIR / CLASSIFIER, card=card)
-    CARDS_DIR.mkdir(exist_ok=True)
-    (CARDS_DIR / f"{CLASSIFIER}.md").write_text(card)
-    print(f"bundled {CLASSIFIER}: " + ", ".join(f"{a} {v:.3f}" for a, v in accuracy.items()))
+        " benchmarks.bundle_mnist`):", license=LICENSE)
 
 
 def _rows(table: Path) -> list[dict]:

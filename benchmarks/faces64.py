@@ -59,7 +59,7 @@ from composable_ebm.data.faces import STYLES, faces, faces_folder
 from composable_ebm.evaluation.conditional import value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism
 from composable_ebm.models import load_model
-from composable_ebm.recipes import build_dataset, build_model, load_recipe
+from composable_ebm.recipes import build_model_from_shapes, load_recipe
 from composable_ebm.training import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,16 +138,11 @@ CLASSIFIER = "faces64-classifier"
 def bundle_classifier(source: Path) -> dict[str, float]:
     """Copy the 64-px faces classifier under its short name with a card giving its accuracy on 2,000 fresh renders
     (another seed than its training renders)."""
-    import dataclasses
+    from benchmarks.bundle import bundle_classifier_as
 
-    from benchmarks.bundle import CARDS_DIR, classifier_card_text
-    from composable_ebm.models import BUNDLED_DIR, save_model
-
-    classifier = load_model(source)
-    classifier.config = dataclasses.replace(classifier.config, name=CLASSIFIER)
     data = faces(2000, seed=123, size=DATA["size"], style=DATA["style"])  # renders no model or classifier saw
-    card, accuracy = classifier_card_text(
-        classifier, data.images.float() / 255, data.labels, "faces",
+    return bundle_classifier_as(
+        load_model(source), CLASSIFIER, data.images.float() / 255, data.labels, "faces",
         f"Reads the four attributes (smiling, glasses, beard, hair) of a 64x64 face of the faces dataset's lorelei"
         f" style ({STYLES['lorelei'].generator}); `benchmarks/faces64.py` scores the 64-px models' samples with it,"
         " and its penultimate features are the space of their FID ratio. It reads only what it was trained on: clean"
@@ -156,12 +151,7 @@ def bundle_classifier(source: Path) -> dict[str, float]:
         " renders (`cebm data faces --style lorelei --size 64 -n 20000`), 10% of them kept aside: its heads read"
         " the whole last feature map, since a smile at 64 px is a few pixels of curve in one place.",
         "Accuracy on 2,000 fresh renders (`faces(2000, seed=123, size=64, style=\"lorelei\")`, every combination;"
-        " `python -m benchmarks.faces64 bundle-classifier`):", CLASSIFIER)
-    save_model(classifier, BUNDLED_DIR / CLASSIFIER, card=card)
-    CARDS_DIR.mkdir(exist_ok=True)
-    (CARDS_DIR / f"{CLASSIFIER}.md").write_text(card)
-    print(json.dumps(accuracy))
-    return accuracy
+        " `python -m benchmarks.faces64 bundle-classifier`):")
 
 
 # ----------------------------------------------------------------------------- the estimate against the run
@@ -202,7 +192,7 @@ def speed(models: Path | None, n: int, threads: list[int]) -> dict:
             trained.append(attribute)
         else:
             spec = load_recipe(ROOT / "recipes" / f"faces64-{attribute}.toml")
-            energy = build_model(spec, build_dataset(spec.data))
+            energy = build_model_from_shapes(spec)
         terms.append(energy.eval().condition(**{attribute: value}))
     sentence = terms[0] + terms[1] + terms[2]
     row = {"n": n, "trained": trained, "seconds": {}}
@@ -248,7 +238,7 @@ def snapshot_samples(run: Path, recipe: Path, n: int, every: int, steps: list[in
     from safetensors.torch import save_file
 
     spec = load_recipe(recipe)
-    model = build_model(spec, build_dataset(spec.data)).eval()
+    model = build_model_from_shapes(spec).eval()
     (attribute, values), = model.attributes.items()
     kept = {}
     snaps = sorted((run / "snapshots").glob("ema-*.safetensors"))
