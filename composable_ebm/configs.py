@@ -131,7 +131,7 @@ def config_from_dict(cls: type[T], data: dict[str, Any]) -> T:
     and what it expects; range checks run in the config's ``__post_init__``.
     """
     if not isinstance(data, dict):
-        raise InvalidInputError(f"{cls.__name__} expects a table of settings, got {_kind(data)}")
+        raise InvalidInputError(f"{cls.__name__} expects a table of settings, got {kind_of(data)}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -149,13 +149,13 @@ def config_from_dict(cls: type[T], data: dict[str, Any]) -> T:
 _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     """How a value reads in an error: its JSON/TOML kind and, when short, the value itself."""
     kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
              tuple: "a list", dict: "a table", type(None): "nothing (null)"}
     kind = kinds.get(type(value), type(value).__name__)
     text = repr(value)
-    return f"{kind} {text}" if len(text) <= 40 and not isinstance(value, (dict, list, tuple)) else kind
+    return f"{kind} {text}" if len(text) <= 40 and not isinstance(value, (dict, list, tuple, type(None))) else kind
 
 
 def _expected(tp: Any) -> str:
@@ -176,7 +176,7 @@ def _expected(tp: Any) -> str:
 
 
 def _bad(tp: Any, value: Any, where: str) -> InvalidInputError:
-    return InvalidInputError(f"{where} must be {_expected(tp)}, got {_kind(value)}")
+    return InvalidInputError(f"{where} must be {_expected(tp)}, got {kind_of(value)}")
 
 
 def _from_plain(tp: Any, value: Any, where: str) -> Any:

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from composable_ebm.accel.labels import as_index, check_indices
 from composable_ebm.configs import check_interval
-from composable_ebm.errors import InvalidInputError, NotSavableError
+from composable_ebm.errors import InvalidInputError, NotSavableError, quote
 
 Labels = Mapping[str, Tensor]
 """Per-item attribute values: attribute name -> integer value indices of shape ``(B,)``
@@ -554,44 +554,47 @@ def branches(energy: Energy) -> list[tuple[float, Energy]]:
     """``energy`` as a mixture of expressions without a disjunction: ``(share, branch)`` pairs, the shares summing
     to 1. A sum distributes over its disjunctions (``s + (a | b)`` is ``(s + a) | (s + b)``, each half), a positive
     weight or a temperature over a disjunction's parts; a negated disjunction has no such form and is one line, as is
-    an expression of more than `MAX_BRANCHES` branches. An expression without a disjunction is its one branch."""
+    an expression of more than `MAX_BRANCHES` branches (the line gives the count). An expression without a
+    disjunction is its one branch."""
     if isinstance(energy, Disjunction):
         out = [(share * inner, branch) for share, part in zip(energy.shares, energy.terms, strict=True)
                for inner, branch in branches(part)]
+        _check_branches(len(out))
     elif isinstance(energy, WeightedSum):
         parts = []
         for w, term in zip(energy.weights, energy.terms, strict=True):
             split = branches(term)
             if len(split) > 1 and w < 0:
                 raise InvalidInputError(
-                    f"{energy.expression()} negates a disjunction ({term.expression()}), which is no mixture of"
-                    " branches; valid choices: negate each part (a - b - c), or name the values to keep")
+                    f"{quote(energy.expression())} negates a disjunction ({quote(term.expression())}), which is no"
+                    " mixture of branches; valid choices: negate each part (a - b - c), or name the values to keep")
             parts.append([(share, w, branch) for share, branch in split])
         if all(len(p) == 1 for p in parts):
             return [(1.0, energy)]
-        out = []
-        for combination in itertools.product(*parts):
-            share = math.prod(c[0] for c in combination)
-            out.append((share, WeightedSum.combine([(w, branch) for _, w, branch in combination])))
-            if len(out) > MAX_BRANCHES:
-                break
+        _check_branches(math.prod(len(p) for p in parts))
+        out = [(math.prod(c[0] for c in combination), WeightedSum.combine([(w, b) for _, w, b in combination]))
+               for combination in itertools.product(*parts)]
     else:
         return [(1.0, energy)]
-    if len(out) > MAX_BRANCHES:
-        raise InvalidInputError(f"{energy.expression()} multiplies out to more than {MAX_BRANCHES} branches (every"
-                                " choice of one part of each disjunction); valid choices: fewer or narrower"
-                                " disjunctions")
     return out
+
+
+def _check_branches(count: int) -> None:
+    if count > MAX_BRANCHES:
+        raise InvalidInputError(f"the expression multiplies out to {count:,} branches (every choice of one part of each"
+                                f" disjunction); at most {MAX_BRANCHES}: fewer or narrower disjunctions")
 
 
 def mixture(energy: Energy, each: Callable[[Energy], Energy] = lambda e: e) -> Energy:
     """``energy`` with its disjunctions outermost: a `Disjunction` of its `branches`, ``each`` applied to every
-    branch (weighted by its share, the least 1); ``each(energy)`` when it has none."""
+    branch (weighted by its share, the least 1, or the largest where they span more than `MAX_WEIGHT`);
+    ``each(energy)`` when it has none."""
     split = branches(energy)
     if len(split) == 1 and not isinstance(energy, Disjunction):
         return each(energy)
-    least = min(share for share, _ in split)
-    return Disjunction([each(b) for _, b in split], [share / least for share, _ in split])
+    least, most = min(share for share, _ in split), max(share for share, _ in split)
+    scale = least if most / least <= MAX_WEIGHT else most  # shares too far apart: the largest is 1, the rest below
+    return Disjunction([each(b) for _, b in split], [share / scale for share, _ in split])
 
 
 class Conditioned(_Composite):

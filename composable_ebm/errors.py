@@ -91,9 +91,40 @@ def bug_line(err: BaseException, advice: str = "rerun with --debug for the trace
     return f"internal error ({type(err).__name__}: {one_line(err)}); this is a bug in composable_ebm, not your input: {advice}"
 
 
+MAX_LINE = 600
+"""Longest error line the command line and the studio show."""
+
+LONG_WORD = 80
+"""A word longer than this (a pasted name, a long path) is shortened in the middle before a line is cut."""
+
+
 def one_line(err: BaseException) -> str:
-    """An error's message on one line (at most 400 characters)."""
+    """An error's message on one line of at most `MAX_LINE` characters: a longer one has its words of more than
+    `LONG_WORD` characters (pasted names, long paths) shortened in the middle first, so the sentence itself is kept;
+    only then is its end cut."""
     text = " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, KeyError):
         text = f"missing key {text}"
-    return text if len(text) <= 400 else text[:397] + "..."
+    words = text.split(" ")
+    for i in sorted(range(len(words)), key=lambda k: -len(words[k])):
+        if len(text) <= MAX_LINE or len(words[i]) <= LONG_WORD:
+            break
+        keep = max(LONG_WORD - 20, len(words[i]) - (len(text) - MAX_LINE) - 1)
+        words[i] = words[i][:keep // 2] + "\u2026" + words[i][len(words[i]) - (keep - keep // 2):]
+        text = " ".join(words)
+    return text if len(text) <= MAX_LINE else text[:MAX_LINE - 3] + "..."
+
+
+def quote(text: str, limit: int = 120) -> str:
+    """Text from the user (an expression) as an error quotes it: whole when short, else its start and end and its
+    length, so the message's own words (what was expected, where) survive a one-line report."""
+    return repr(text) if len(text) <= limit else f"{text[:limit // 2]!r} ... {text[-limit // 2:]!r} ({len(text):,} characters)"
+
+
+def utf8_text(text: str) -> str:
+    """``text`` as UTF-8 can hold it: a lone surrogate (how Python keeps the bytes of a path that is not UTF-8, such
+    as a recipe's name or a folder) becomes U+FFFD, so a card or a plot's title that names one never fails to
+    encode."""
+    import re
+
+    return re.sub("[\ud800-\udfff]", "\ufffd", text)

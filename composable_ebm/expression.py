@@ -26,8 +26,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from composable_ebm.energy import Disjunction, Energy, guided
-from composable_ebm.errors import InvalidInputError, a_type
+from composable_ebm.energy import MAX_WEIGHT, Disjunction, Energy, guided
+from composable_ebm.errors import InvalidInputError, a_type, quote
 from composable_ebm.pipeline import guidance_interval, guidance_scale
 
 MAX_DEPTH = 32
@@ -108,12 +108,6 @@ Node = ModelNode | Weighted | Temperature | Sum | Or | GuidedNode
 """A node of an expression's tree; parentheses leave no node of their own."""
 
 
-def quote(text: str, limit: int = 120) -> str:
-    """An expression as an error quotes it: whole when short, else its start and end, so the message's own words
-    (what was expected, where) survive a one-line report."""
-    return repr(text) if len(text) <= limit else f"{text[:limit // 2]!r} ... {text[-limit // 2:]!r} ({len(text):,} characters)"
-
-
 class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
@@ -165,15 +159,43 @@ class _Parser:
         return Or(tuple(alternatives), None if all(w == 1.0 for w in weights) else tuple(weights))
 
     def alternative(self) -> tuple[Node, float]:
-        tok, after = self.peek(), self.tokens[self.i + 1] if self.i + 1 < len(self.tokens) else None
-        if tok is None or tok[0] != "number" or after != ("op", ":"):
-            return self.sum(), 1.0
-        weight = float(self.take())
-        self.take(":")
-        if not (math.isfinite(weight) and weight > 0):
-            raise InvalidInputError(f"in {quote(self.text)}: a part's weight must be a positive number (its share of"
-                                    f" the samples), got {weight:g}")
-        return self.sum(), weight
+        weight = self.part_weight()
+        return self.sum(), 1.0 if weight is None else weight
+
+    def part_weight(self) -> float | None:
+        """A part's ``NUMBER :`` when the tokens start with one, checked (taken); ``None`` when they do not. A sign or a
+        word before the colon (``-1 :``, ``nan :``) is one line naming what was typed and the valid range."""
+        ahead = self.tokens[self.i:self.i + 3]
+        if len(ahead) >= 2 and ahead[1] == ("op", ":") and ahead[0][0] != "op":
+            typed = ahead[0][1]
+        elif len(ahead) == 3 and ahead[0] == ("op", "-") and ahead[1][0] == "number" and ahead[2] == ("op", ":"):
+            typed = "-" + ahead[1][1]
+        else:
+            return None
+        weight = float(typed) if ahead[0][0] == "number" else math.nan
+        if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+            raise InvalidInputError(f"in {quote(self.text)}: a part's weight (N : ...) is its share of the samples, a"
+                                    f" number in (0, {MAX_WEIGHT:g}]; got {typed!r}")
+        self.i += 2
+        return weight
+
+    def number_after(self, op: str) -> float:
+        """The number after ``*`` (a weight) or ``/`` (a temperature); a sign, a word or 0 there is one line naming what
+        was typed and what is valid."""
+        tok = self.peek()
+        typed = "nothing" if tok is None else repr(tok[1])
+        if tok is not None and tok == ("op", "-") and self.i + 1 < len(self.tokens):
+            typed = repr("-" + self.tokens[self.i + 1][1])
+        number = float(tok[1]) if tok is not None and tok[0] == "number" else math.nan
+        if op == "/" and not (math.isfinite(number) and number > 0):
+            raise InvalidInputError(f"in {quote(self.text)}: a temperature (/ T) must be a number > 0, got {typed}")
+        if op == "*" and not math.isfinite(number):
+            raise InvalidInputError(f"in {quote(self.text)}: a weight after * must be a number (a negative weight: a"
+                                    f" minus before the term, x - 2 * a), got {typed}")
+        if number == 0:
+            raise InvalidInputError(f"in {quote(self.text)}: * 0 removes its term; leave the term out instead")
+        self.i += 1
+        return number
 
     def sum(self) -> Node:
         sign = -1 if self.at("-") else 1
@@ -200,10 +222,7 @@ class _Parser:
         depth = self.depth
         while self.at("*") or self.at("/"):
             op = self.take()
-            number = float(self.take(kind="number"))
-            if number == 0:
-                raise InvalidInputError(f"in {quote(self.text)}: {op} 0 " + ("removes its term; leave the term out instead"
-                                        if op == "*" else "is no temperature; T must be > 0"))
+            number = self.number_after(op)
             self.enter()  # each factor wraps the node once more
             result = Weighted(number, result) if op == "*" else Temperature(number, result)
         self.depth = depth
@@ -255,42 +274,50 @@ def parse_tree(text: str) -> Node:
 
 def build(node: Node, load: Callable[[str], Energy], text: str = "") -> Energy:
     """The energy a tree describes, loading each named model once with ``load`` (``text``: for messages)."""
-    cache: dict[str, Energy] = {}
+    return _Builder(load, text).visit(node)
 
-    def model(name: str) -> Energy:
-        if name not in cache:
-            loaded = load(name)
+
+class _Builder:
+    """Builds an energy from a tree (`build`). A class rather than nested functions: a recursive closure refers to
+    itself, a reference cycle that would keep every model it loaded alive until the cyclic garbage collector runs
+    (the studio's model cache would then not bound its memory)."""
+
+    def __init__(self, load: Callable[[str], Energy], text: str) -> None:
+        self.load, self.text = load, text
+        self.cache: dict[str, Energy] = {}
+
+    def model(self, name: str) -> Energy:
+        if name not in self.cache:
+            loaded = self.load(name)
             if not isinstance(loaded, Energy):
-                raise InvalidInputError(f"in {quote(text)}: {name} is {a_type(loaded)}, not an energy;"
+                raise InvalidInputError(f"in {quote(self.text)}: {name} is {a_type(loaded)}, not an energy;"
                                         " only energy models compose")
-            cache[name] = loaded
-        return cache[name]
+            self.cache[name] = loaded
+        return self.cache[name]
 
-    def visit(n: Node) -> Energy:
+    def visit(self, n: Node) -> Energy:
         if isinstance(n, ModelNode):
-            energy = model(n.name)
+            energy = self.model(n.name)
             return energy.condition(**dict(n.bindings)) if n.bindings else energy
         if isinstance(n, Weighted):
-            return visit(n.node) * n.weight
+            return self.visit(n.node) * n.weight
         if isinstance(n, Temperature):
-            return visit(n.node) / n.temperature
+            return self.visit(n.node) / n.temperature
         if isinstance(n, Sum):
             (sign, first), *rest = n.terms
-            result = visit(first)
+            result = self.visit(first)
             if sign < 0:
                 result = -result
             for sign, term in rest:
-                result = result + visit(term) if sign > 0 else result - visit(term)
+                result = result + self.visit(term) if sign > 0 else result - self.visit(term)
             return result
         if isinstance(n, Or):
-            return Disjunction([visit(alternative) for alternative in n.alternatives], n.weights)
-        inner = visit(n.node)
+            return Disjunction([self.visit(alternative) for alternative in n.alternatives], n.weights)
+        inner = self.visit(n.node)
         try:
             return guided(inner, guidance_scale, guidance_interval)
         except ValueError as err:
-            raise InvalidInputError(f"in {quote(text)}: {err}") from err
-
-    return visit(node)
+            raise InvalidInputError(f"in {quote(self.text)}: {err}") from err
 
 
 def parse_expression(text: str, load: Callable[[str], Energy]) -> Energy:

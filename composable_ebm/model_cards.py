@@ -8,7 +8,7 @@ from torch import nn
 
 from composable_ebm.configs import config_to_dict
 from composable_ebm.energy import Energy, NoiseConditioned
-from composable_ebm.errors import a_type
+from composable_ebm.errors import a_type, utf8_text
 
 CITATION = """@inproceedings{du2021improved,
   title={Improved Contrastive Divergence Training of Energy-Based Models},
@@ -153,7 +153,7 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
     lines += ["", "## Config", "", "```json", json.dumps(config, indent=2), "```", "", "## Citation", "",
               f"[arXiv:{ARXIV_ID}](https://arxiv.org/abs/{ARXIV_ID})", "",
               "```bibtex", CITATION, "```", ""]
-    return "\n".join(lines)
+    return utf8_text("\n".join(lines))
 
 
 def refresh_card(card: str, recipe: list[tuple[str, str]] | None, config: dict) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from composable_ebm.errors import InvalidInputError
+from composable_ebm.errors import InvalidInputError, RunFailure, one_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from composable_ebm.training import StepRecord
@@ -269,6 +269,9 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         raise InvalidInputError(f"--max-minutes must be a positive number of minutes, got {max_minutes}")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if (out / "model").exists() and not (out / "model").is_dir():  # found now, not after the last step
+        raise InvalidInputError(f"{out / 'model'} is a file; a run saves its model as a folder there: move the file"
+                                " or choose another --out")
     init_distributed(device)
     data = build_dataset(spec.data, spec.folder)
     model = build_model(spec, data)
@@ -310,9 +313,14 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         ema.sampling_defaults = model.sampling_defaults
         if trainer.rank == 0:
             notes = _card_notes(init, init_changes, precision, settings)
-            card = model_card(ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
-                              location=str(out / "model"), license=license, notes=notes)
-            save_model(ema, out / "model", card=card)
+            try:
+                card = model_card(ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
+                                  location=str(out / "model"), license=license, notes=notes)
+                save_model(ema, out / "model", card=card)
+            except (OSError, ValueError) as err:  # the trained weights are in the checkpoint: say how to get them
+                raise RunFailure(f"trained {summary.steps} steps, but the model folder {out / 'model'} could not be"
+                                 f" written ({one_line(err)}); the trained weights are in {out / Trainer.CHECKPOINT}:"
+                                 f" mend the cause, then `cebm export {out}` writes the model from it") from err
             log = out / Trainer.LOG
             if log.is_file() and any("e_diff" in r or "loss_dsm" in r for r in read_log(log)):  # none before log_every
                 plot_training_health(out, out / "health.png", title=recipe.stem)

@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
+import shutil
+import sys
+import tempfile
+
+# The caller's Hub settings never reach a test: an offline user's HF_HUB_OFFLINE, their token, endpoint or cache
+# would make the tests that serve a Hub on 127.0.0.1 (push, download) fail or touch their files. huggingface_hub reads
+# these when it is imported, so they go before anything imports it; each test process gets an empty Hub home.
+HUB_VARIABLES = ("HF_", "HUGGINGFACE_", "HUGGING_FACE_", "TRANSFORMERS_OFFLINE")
+for _name in [n for n in os.environ if n.startswith(HUB_VARIABLES)]:
+    del os.environ[_name]
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="cebm-tests-hf-home-")
+atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+if "huggingface_hub.constants" in sys.modules:  # imported before this file (a plugin): read the cleared settings
+    import importlib
+
+    importlib.reload(sys.modules["huggingface_hub.constants"])
 
 import pytest
 import torch

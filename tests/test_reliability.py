@@ -670,7 +670,7 @@ def test_inputs_that_used_to_give_silent_wrong_results_are_refused(tmp_path):
     _one_line_error(result, "[model] table names no network", "preset")
     for text, needle in (("0 * shapes-color[color=red]", "a weight of 0 removes its term"),
                          ("shapes-color[color=red] * 0", "* 0 removes its term"),
-                         ("shapes-color[color=red] / 0", "/ 0 is no temperature")):
+                         ("shapes-color[color=red] / 0", "a temperature (/ T) must be a number > 0")):
         with pytest.raises(InvalidInputError, match=re.escape(needle)):
             parse_expression(text, cebm.load)
     _one_line_error(runner.invoke(app, ["compose", "shapes-color[color=red]", "-n", "1", "--steps", "0",

@@ -164,3 +164,88 @@ def test_the_space_app_in_the_docs_builds_the_studio():
     assert ids["form"].value == "auto"  # as cebm compose and .sample() sample by default
     assert ids["expression"].value == terms_to_expression(list(studio.DEFAULT_TERMS), "auto")
     assert demo._queue.default_concurrency_limit == 1  # one request at a time
+
+
+def _generate_over_http(url: str, expression: str) -> str:
+    """Press Generate through the studio's HTTP API (as the page does) and return the event stream's end."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = f"{parts.hostname}:{parts.port}"
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+    body = json.dumps({"data": [expression, "auto", 0, 1, "1", ""]})
+    conn.request("POST", "/gradio_api/call/on_generate", body, {"Host": host, "Content-Type": "application/json"})
+    response = conn.getresponse()
+    event = json.loads(response.read())["event_id"]
+    conn.request("GET", f"/gradio_api/call/on_generate/{event}", headers={"Host": host})
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return text
+
+
+def test_the_studio_holds_at_most_its_cache_of_models_however_many_it_serves(tmp_path):
+    """Driven over HTTP through 20 distinct model folders, the studio keeps the weights of at most `MAX_MODELS` of
+    them alive: live parameter tensors counted by their bytes, with the cyclic garbage collector off, so a model kept
+    only by a reference cycle counts as held (freed pages an allocator keeps are not counted)."""
+    import gc
+    import json
+    import os
+
+    from composable_ebm.models import BUNDLED_DIR
+
+    pytest.importorskip("gradio")
+    source = BUNDLED_DIR / "shapes-color"
+    for i in range(20):  # distinct folders and names, the weights hard-linked: no copies on disk
+        folder = tmp_path / f"color-{i}"
+        folder.mkdir()
+        config = json.loads((source / "config.json").read_text())
+        config["config"]["name"] = f"served-{i}"
+        (folder / "config.json").write_text(json.dumps(config))
+        os.link(source / "model.safetensors", folder / "model.safetensors")
+    model_bytes = (source / "model.safetensors").stat().st_size
+
+    def served_weights() -> int:  # the parameters of every served model gc can still reach, by their storage's bytes
+        storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for m in gc.get_objects()
+                    if isinstance(m, torch.nn.Module) and str(getattr(getattr(m, "config", None), "name", "")
+                                                              ).startswith("served-") for p in m.parameters()}
+        return sum(storages.values())
+
+    app = studio.launch("127.0.0.1", device="cpu", prevent_thread_lock=True, quiet=True, models_root=tmp_path)
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(20):
+            end = _generate_over_http(app.local_url, f"color-{i}[color=red]")
+            assert "event: complete" in end and "sampled" in end, end[-300:]
+        held = served_weights()
+    finally:
+        gc.enable()
+        app.close()
+    assert 0 < held <= studio.MAX_MODELS * model_bytes, (held / model_bytes, studio.MAX_MODELS)
+
+
+def test_the_studio_opens_on_the_sentence_the_readme_shows():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    first = re.search(r'cebm compose "([^"]+)"', readme).group(1)  # the README's first command
+    assert terms_to_expression(list(studio.DEFAULT_TERMS)) == first
+    models = studio.ModelCache("cpu")
+    assert studio.covering_classifier(models, models.energy(first)) == "faces-classifier"
+    assert sorted(models.models) == ["faces-classifier", "faces-glasses", "faces-hat", "faces-smiling"]  # none other
+
+
+@pytest.mark.parametrize("name", ["someorg/not-cached", "someorg/not-cached@v2", "o" * 90 + "/" + "n" * 90])
+def test_an_uncached_hub_name_in_the_studio_is_one_whole_line_saying_it_downloads_nothing(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(Exception) as info:
+        studio.generate(studio.ModelCache("cpu"), f"{name}[x=1]", n=1)
+    line = studio.error_line(info.value)
+    assert line.startswith("error: ") and line.endswith("once on this machine to fetch it, then use it here"), line
+    assert "the studio downloads nothing" in line and "\n" not in line

@@ -26,8 +26,9 @@ from composable_ebm.images import image_grid  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
+FIRST = "faces-smiling[smiling=yes] + faces-glasses[glasses=yes] + faces-hat[hat=yes]"
+"""The page's first expression: the README's sentence, in the form ``auto`` the page starts in (as `cebm compose`)."""
 RED_CIRCLE_LARGE = "shapes-color[color=red] + shapes-shape[shape=circle] + shapes-size[size=large]"
-"""The page's first expression: the default terms, in the form ``auto`` the page starts in (as `cebm compose`)."""
 
 
 def _chromium() -> str | None:
@@ -67,7 +68,7 @@ def page(browser, url):
     requests: list[str] = []
     page.on("request", lambda request: requests.append(request.url))
     page.goto(url)
-    expect(page.locator("#expression textarea")).to_have_value(RED_CIRCLE_LARGE)
+    expect(page.locator("#expression textarea")).to_have_value(FIRST)
     page.requests = requests
     yield page
     page.close()
@@ -82,9 +83,28 @@ def _expression(page):
     return page.locator("#expression textarea")
 
 
+def test_the_page_opens_on_the_readmes_sentence_and_generates_it_with_readings(page):
+    page.click("#generate")
+    expect(page.locator("#message")).to_contain_text("16 samples in")
+    expect(page.locator("#readings figure")).to_have_count(16)
+    expect(page.locator("#readings .cebm-summary")).to_have_text(
+        re.compile(r"\d+ of 16 samples read as asked \(classifier: faces-classifier\)"))
+    shot = os.environ.get("CEBM_STUDIO_SCREENSHOT")
+    if shot:
+        page.screenshot(path=shot, full_page=True)
+
+
+def _show(page, text: str) -> None:
+    """Type ``text`` into the expression field and let the controls move to it."""
+    expr = _expression(page)
+    expr.fill(text)
+    expr.press("Enter")
+    expect(page.locator("#expression-note")).to_contain_text("The controls show this expression")
+
+
 def test_red_circle_large_built_from_the_controls_generates_a_grid_with_readings(page, url):
     expr = _expression(page)
-    for left in ["shapes-shape[shape=circle] + shapes-size[size=large]", "shapes-size[size=large]", ""]:
+    for left in ["faces-glasses[glasses=yes] + faces-hat[hat=yes]", "faces-hat[hat=yes]", ""]:
         page.click("#term-0-remove")
         expect(expr).to_have_value(left)
     for i, (model, value) in enumerate([("shapes-color", "color=red"), ("shapes-shape", "shape=circle"),
@@ -115,9 +135,6 @@ def test_red_circle_large_built_from_the_controls_generates_a_grid_with_readings
     assert page.locator("#chain img").count() == 1
     outside = {u for u in page.requests if not re.match(r"^(https?://127\.0\.0\.1[:/]|data:|blob:)", u)}
     assert not outside, f"requests left the machine: {sorted(outside)[:5]}"
-    shot = os.environ.get("CEBM_STUDIO_SCREENSHOT")
-    if shot:
-        page.screenshot(path=shot, full_page=True)
 
 
 def test_a_typed_expression_moves_the_controls(page):
@@ -139,6 +156,7 @@ def test_a_typed_expression_moves_the_controls(page):
 
 
 def test_a_bad_expression_is_one_line_clears_the_last_results_and_the_next_generate_works(page):
+    _show(page, RED_CIRCLE_LARGE)
     page.locator("#n input").fill("4")
     page.locator("#steps input, #steps textarea").first.fill("5")
     message = page.locator("#message")
@@ -162,13 +180,14 @@ def test_a_bad_expression_is_one_line_clears_the_last_results_and_the_next_gener
 
 def test_deleting_a_term_updates_the_expression(page):
     page.click("#term-1-remove")
-    expect(_expression(page)).to_have_value("shapes-color[color=red] + shapes-size[size=large]")
+    expect(_expression(page)).to_have_value("faces-smiling[smiling=yes] + faces-hat[hat=yes]")
     expect(page.locator("#term-2")).to_be_hidden()
-    expect(page.locator("#term-1-model input")).to_have_value("shapes-size")
+    expect(page.locator("#term-1-model input")).to_have_value("faces-hat")
 
 
 def test_stop_ends_a_long_generation_and_the_page_stays_usable(page):
     """A request within the bounds can still take a while: Stop cancels it, and the next Generate runs."""
+    _show(page, RED_CIRCLE_LARGE)
     page.locator("#steps input, #steps textarea").first.fill("900")
     page.click("#generate")
     page.wait_for_timeout(1500)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from composable_ebm.errors import BUG_EXIT_CODE, InvalidInputError, a_type, bug_line, exit_code_for, one_line
 
@@ -80,6 +80,51 @@ class _Group(TyperGroup):
                 raise typer.Exit(BUG_EXIT_CODE) from err
             typer.secho(f"error: {one_line(err)}", fg=typer.colors.RED, err=True)
             raise typer.Exit(code) from err
+
+
+_EXPRESSION_MARKS = set("[]()|+*:/ ")
+"""Characters of an expression that no option value of the expression commands holds (``-ogrid.png`` is ``-o``)."""
+
+
+def expression_first(args: list[str], takes_value: set[str], flags: set[str]) -> list[str]:
+    """``args`` with an expression that begins with a minus (``-a``, ``-(a | b)``, ``-1 : a | b``) moved behind a
+    ``--``, so that it is read as the expression and not as an option: the one token that starts with ``-`` and is
+    none of the command's options (``takes_value``: names of options that take a value; ``flags``: the others), when
+    no other argument is given. A ``--`` already there, or more than one such token, leaves ``args`` as they are (an
+    unknown option is then reported as one)."""
+    loose, others, i = [], 0, 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return args
+        name = arg.split("=", 1)[0]
+        if arg in takes_value:
+            i += 2
+            continue
+        if name in takes_value | flags or (arg[:2] in takes_value and not _EXPRESSION_MARKS & set(arg)):
+            i += 1  # --name=value, a flag, or a short option with its value attached (-n16)
+            continue
+        if arg.startswith("-") and arg != "-":
+            loose.append(i)
+        else:
+            others += 1
+        i += 1
+    if len(loose) != 1 or others:
+        return args
+    return [a for j, a in enumerate(args) if j != loose[0]] + ["--", args[loose[0]]]
+
+
+class ExpressionCommand(TyperCommand):
+    """A command whose argument is an expression: one that begins with a minus is read as the expression
+    (`expression_first`), as the algebra writes it."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        takes_value, flags = set(), set()
+        for param in self.get_params(ctx):
+            if param.param_type_name == "option":
+                names = [*param.opts, *param.secondary_opts]
+                (flags if getattr(param, "is_flag", False) or getattr(param, "count", False) else takes_value).update(names)
+        return super().parse_args(ctx, expression_first(list(args), takes_value, flags))
 
 
 # rich_markup_mode=None: help text is shown as written, so the [attr=value] of the examples stays visible

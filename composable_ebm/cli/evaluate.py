@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from composable_ebm.cli.common import (
-    MAX_SAMPLES, CountOpt, DeviceOpt, FormOpt, RefreshOpt, RoundsOpt, StepSizeOpt, StepsOpt, _device,
+    MAX_SAMPLES, CountOpt, DeviceOpt, ExpressionCommand, FormOpt, RefreshOpt, RoundsOpt, StepSizeOpt, StepsOpt, _device,
     _load_classifier, _load_energy, _load_expression, _overrides, _parse_bindings, eval_app,
 )
 from composable_ebm.errors import InvalidInputError
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
 
 
-@eval_app.command("compose")
+@eval_app.command("compose", cls=ExpressionCommand)
 def eval_compose(
     expression: Annotated[str, typer.Argument(help="Composition expression, as for `cebm compose`.")],
     classifier: Annotated[str, typer.Option(help="Attribute classifier (folder or name).")],

@@ -11,7 +11,7 @@ import typer
 
 from composable_ebm.cli.common import (
     CountOpt, DeviceOpt, FormOpt, MethodOpt, NoiseOpt, PrecisionOpt, ProgressOpt, RefreshOpt, RoundsOpt, ScaleOpt,
-    StepSizeOpt, StepsOpt, _device, _load_energy, _load_expression, _overrides, _parse_bindings, app,
+    StepSizeOpt, StepsOpt, ExpressionCommand, _device, _load_energy, _load_expression, _overrides, _parse_bindings, app,
 )
 from composable_ebm.errors import InvalidInputError
 
@@ -46,7 +46,7 @@ def sampling_command(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-@app.command()
+@app.command(cls=ExpressionCommand)
 @sampling_command
 def compose(
     expression: Annotated[str, typer.Argument(help='e.g. "shapes-color[color=red] + 2*shapes-shape[shape=circle]".')],

@@ -32,7 +32,7 @@ from pathlib import Path
 from composable_ebm.configs import MAX_IMAGE_SIZE, check_size
 from composable_ebm.data.base import DataConfig, ImageDataset, dataset
 from composable_ebm.data.folder import attribute_folder
-from composable_ebm.data.npm import cache_root, installed, package_digest
+from composable_ebm.data.npm import cache_root, installed, package_digest, tool_failure
 from composable_ebm.errors import InvalidInputError, RunFailure
 
 RENDERER = Path(__file__).resolve().parent / "faces_renderer"
@@ -123,7 +123,8 @@ def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, styl
             raise RunFailure(f"rendering {n:,} faces did not finish in {limit:,.0f} s (the bound for that many);"
                              f" nothing was written to {out}: render fewer faces, or check that node runs") from None
         if done.returncode != 0:
-            raise RunFailure(f"rendering faces failed: {' '.join((done.stderr or done.stdout).split())[-300:]}")
+            raise RunFailure(f"rendering faces failed: {tool_failure(done.stderr or done.stdout, out.parent)};"
+                             f" nothing was written to {out}")
         try:
             os.replace(staging, out)
         except OSError as err:

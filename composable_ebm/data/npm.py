@@ -55,14 +55,18 @@ def installed(source: Path, files: Sequence[str], prefix: str, label: str, node_
     """A copy of ``source``'s ``files`` with their packages installed (``npm ci`` from the lockfile, once per
     lockfile) in ``cache_root() / f"{prefix}-{digest}"``, checked before each use (`verified`); a cached copy that
     differs (an edited file, a changed package) is set aside and installed again, never used. ``label`` names it in
-    errors; ``node_line`` is the line for a machine without Node.js and npm."""
+    errors; ``node_line`` is the line for a machine without Node.js and npm. A failed install is one line saying what
+    failed (`tool_failure`), and that the cached copy failed its check where that is why it was installed again."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         raise InvalidInputError(node_line)
     home = cache_root() / f"{prefix}-{package_digest(source, files)}"
+    why = ""
     if home.exists():
         if verified(home, source, files):
             return home
+        why = (f"the cached copy of {label} in {home} failed its check (its files or installed packages changed since"
+               " they were installed), so it was set aside and installed again, and ")
         aside = Path(tempfile.mkdtemp(dir=home.parent, prefix=f".{home.name}-unverified-"))
         try:
             os.replace(home, aside / "package")
@@ -77,8 +81,9 @@ def installed(source: Path, files: Sequence[str], prefix: str, label: str, node_
         done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=staging,
                               capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
-            tail = " ".join((done.stderr or done.stdout).split())[-300:]
-            raise RunFailure(f"npm ci of {label} failed ({tail}); the npm registry must be reachable once")
+            cause = tool_failure(done.stderr or done.stdout, home.parent)
+            raise RunFailure(f"{why or ''}installing {label} (npm ci) failed: {cause}; the npm registry must be"
+                             " reachable once")
         (staging / TREE_RECORD).write_text(tree_digest(staging / "node_modules") + "\n")
         try:
             os.replace(staging, home)
@@ -89,3 +94,24 @@ def installed(source: Path, files: Sequence[str], prefix: str, label: str, node_
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return home
+
+
+_OFFLINE = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "ENETUNREACH", "EHOSTUNREACH",
+            "ENOTCACHED", "network request")
+"""What npm's output says when the registry could not be reached."""
+
+
+def tool_failure(output: str, where: Path) -> str:
+    """What a failed ``node`` or ``npm`` run says, in a few words instead of its stack: a full disk (``where`` names
+    the folder written to), an unreachable registry, a denied write, else the error's own first line."""
+    if "ENOSPC" in output or "no space left" in output.lower():
+        return (f"no space left on the disk that holds {where}; free some space, or write elsewhere (CEBM_CACHE moves"
+                " the cache)")
+    if any(code in output for code in _OFFLINE):
+        return "the npm registry could not be reached (offline, or a proxy in the way)"
+    if "EACCES" in output or "EPERM" in output:
+        return f"permission denied writing under {where}"
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    first = next((line for line in lines if "Error" in line or line.startswith(("npm error", "npm ERR!"))),
+                 lines[-1] if lines else "no message")
+    return first[:200]

@@ -170,12 +170,9 @@ class InceptionV3Features(nn.Module):
 
             state = load_file(path)
         else:
-            from composable_ebm.training.checkpoint import CORRUPT_FILE_ERRORS, load_failure_reason
+            from composable_ebm.training.checkpoint import torch_file
 
-            try:
-                state = torch.load(path, map_location="cpu", weights_only=True)
-            except CORRUPT_FILE_ERRORS as err:
-                raise ModelFileError(f"{path}: not a readable weights file ({load_failure_reason(err)})") from err
+            state = torch_file(path, "cpu", "weights file")
             if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
                 raise ModelFileError(f"{path}: holds {type(state).__name__}, not a dict of weight tensors")
         has_aux = any(k.startswith("AuxLogits.") for k in state)

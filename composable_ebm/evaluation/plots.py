@@ -25,7 +25,7 @@ def plot_training_health(log: str | Path, out: str | Path, title: str | None = N
     import math
     from numbers import Real
 
-    from composable_ebm.errors import ModelFileError
+    from composable_ebm.errors import ModelFileError, utf8_text
 
     records = read_log(log)
     key = "e_diff" if any("e_diff" in r for r in records) else "loss_dsm"
@@ -41,7 +41,7 @@ def plot_training_health(log: str | Path, out: str | Path, title: str | None = N
     faults = [r for r in records if r.get("event") == "fault"]
     x = [r["step"] for r in steps]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    top.set_title(title or "training health")
+    top.set_title(utf8_text(title) if title else "training health")
     if key == "loss_dsm":
         top.semilogy(x, [r["loss_dsm"] for r in steps], color="tab:blue", lw=1.2)
         top.set_ylabel("denoising loss")

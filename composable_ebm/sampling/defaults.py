@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from composable_ebm.configs import check_interval, check_range, config_from_dict, config_to_dict
+from composable_ebm.configs import check_interval, check_range, config_from_dict, config_to_dict, kind_of
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling.annealed import LadderConfig
 from composable_ebm.sampling.runner import ChainSettings, with_overrides
@@ -132,22 +132,32 @@ class SamplingDefaults:
 
 def _upgrade(table: Mapping[str, Any]) -> dict[str, Any]:
     """A saved table in today's form: a nested ``ladder`` table (in ``alone`` too) becomes the table's own fields, the
-    chain's neutral values beside it are dropped, ``noise: null`` is ``"exact"`` and ``predictor: true`` (false) is
-    ``"ancestral"`` (``"none"``)."""
+    chain's neutral values beside it are dropped, ``ladder: null`` (a chain's) is dropped, ``noise: null`` is
+    ``"exact"`` and ``predictor: true`` (false) is ``"ancestral"`` (``"none"``). Each old field's shape is checked
+    before it is read: one the old form did not hold is one line naming it."""
     out = dict(table)
     nested = out.pop("ladder", None)
-    if isinstance(nested, Mapping):
+    if nested is not None:
+        nested = _old_table(nested, "ladder", "noise-ladder settings")
         for key, neutral in _OLD_NEUTRAL.items():
             if key in out and out[key] in neutral:
                 del out[key]
         out = {**out, **nested}
-        if isinstance(out.get("alone"), Mapping):
-            alone = dict(out["alone"])
-            out["alone"] = {**{k: v for k, v in alone.items() if k != "ladder"}, **dict(alone.get("ladder") or {})}
-    elif nested is not None:
-        out["ladder"] = nested  # not a table: refused by the parser, as any bad value
+        if out.get("alone") is not None:
+            alone = dict(_old_table(out["alone"], "alone", "sampler settings"))
+            inner = _old_table(alone.pop("ladder", None) or {}, "alone.ladder", "noise-ladder settings")
+            out["alone"] = {**alone, **inner}
     if "noise" in out and out["noise"] is None:
         out["noise"] = "exact"
     if isinstance(out.get("predictor"), bool):  # saved when the ladder's predictor was on or off
         out["predictor"] = "ancestral" if out["predictor"] else "none"
     return out
+
+
+def _old_table(value: Any, where: str, what: str) -> Mapping[str, Any]:
+    """``value`` if it is a table, as the old nested form's ``where`` was; else one line naming it."""
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(f"sampler.{where} must be a table of {what} (the form saved before chains and ladders"
+                                f" were separate), got {kind_of(value)}; valid: a table such as"
+                                ' {"levels": 10, "sigma_max": 80}, or its settings in the sampler table itself')
+    return value

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from composable_ebm.errors import InvalidInputError, bug_line, exit_code_for, one_line
+from composable_ebm.errors import InvalidInputError, ModelNotFoundError, bug_line, exit_code_for, one_line
 from composable_ebm.expression import parse_expression
 from composable_ebm.studio.terms import Term, alternatives, expression_to_terms
 
@@ -46,7 +46,7 @@ the benchmarks the bundled composite runs about 600 sample-steps a second, so a 
 half a minute at most."""
 
 
-CLASSIFIER = "shapes-classifier"
+CLASSIFIER = "faces-classifier"
 """The classifier tried first; any other bundled or cached classifier that covers the models is used too."""
 
 
@@ -177,11 +177,16 @@ def studio_loader(name: str, device: str = "cpu", models_root: str | Path | None
             return load_model(path, device)
     repo, _, revision = name.partition("@")
     if is_repo_id(repo) and not name.startswith((".", "~")):
-        return load_model(hub_snapshot(repo, revision or None, local_files_only=True), device)
+        try:
+            snapshot = hub_snapshot(repo, revision or None, local_files_only=True)
+        except ModelNotFoundError:
+            raise ModelNotFoundError(f"{name} is not in the local Hub cache, and the studio downloads nothing: run"
+                                     f" `cebm info {name}` once on this machine to fetch it, then use it here") from None
+        return load_model(snapshot, device)
     where = f"folders under {models_root}" if models_root is not None else \
         "folders under the --models-root the studio is started with (none was given)"
-    raise InvalidInputError(f"the studio does not load {name!r}: it serves bundled models"
-                            f" ({', '.join(bundled_models())}), models already in the Hub cache (org/name) and {where}")
+    raise InvalidInputError(f"the studio does not load {name!r}: it serves the bundled models (`cebm list` names"
+                            f" them), models already in the Hub cache (org/name) and {where}")
 
 
 @dataclass
@@ -215,16 +220,18 @@ def model_attributes(energy: Any) -> dict[str, tuple[str, ...]]:
 
 
 def covering_classifier(models: ModelCache, energy: Any, candidates: Sequence[str] | None = None) -> str | None:
-    """The first classifier (`CLASSIFIER`, then the others `list_models` finds) that reads every attribute of the
-    expression's models with the same values, at the models' input shape; ``None`` when none does, and then the
-    page shows the samples without readings rather than another dataset's."""
+    """The first classifier (`CLASSIFIER`, then the others `list_models` finds; only those whose ``config.json`` names
+    the attributes are loaded) that reads every attribute of the expression's models with the same values, at the
+    models' input shape; ``None`` when none does, and then the page shows the samples without readings rather than
+    another dataset's."""
     from composable_ebm.models import list_models
 
     wanted = model_attributes(energy)
     if not wanted:
         return None
-    if candidates is None:
-        found = [row["name"] for row in list_models() if row.get("type") and "classifier" in row["type"]]
+    if candidates is None:  # the classifiers whose config.json names the attributes: only those are loaded
+        found = [row["name"] for row in list_models() if row.get("type") and "classifier" in row["type"]
+                 and all(tuple(row["attributes"].get(a, ())) == v for a, v in wanted.items())]
         candidates = [CLASSIFIER, *(name for name in found if name != CLASSIFIER)] if CLASSIFIER in found else found
     for name in candidates:
         classifier = models(name)
@@ -350,7 +357,8 @@ def energy_models() -> list[str]:
 
 
 DEFAULT_TERMS = (
-    Term("shapes-color", {"color": "red"}),
-    Term("shapes-shape", {"shape": "circle"}),
-    Term("shapes-size", {"size": "large"}),
+    Term("faces-smiling", {"smiling": "yes"}),
+    Term("faces-glasses", {"glasses": "yes"}),
+    Term("faces-hat", {"hat": "yes"}),
 )
+"""The page's first expression: the README's, three face models held out together in training."""

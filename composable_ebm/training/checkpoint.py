@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import pickle
 import random
+import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -90,18 +92,34 @@ def load_failure_reason(err: BaseException) -> str:
     return text[:160]
 
 
+def torch_file(path: Path, map_location: torch.device | str = "cpu", what: str = "checkpoint",
+               advice: str = "") -> Any:
+    """``torch.load(path, weights_only=True)`` of a file from outside, or one line (`ModelFileError`) saying why it is
+    not a readable ``what``, followed by ``advice``: a file that is not torch's zip archive (a bare pickle, torch's
+    legacy format) is never handed to an unpickler, and torch's warnings about the pickle inside are shown only for a
+    file that loads."""
+    if not zipfile.is_zipfile(path):
+        raise ModelFileError(f"{path} is not a readable {what} (not the torch zip archive torch.save writes: a bare"
+                             f" pickle, torch's legacy format or a damaged file, and nothing else is unpickled here){advice}")
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except CORRUPT_FILE_ERRORS as err:
+        raise ModelFileError(f"{path} is not a readable {what} ({load_failure_reason(err)}){advice}") from err
+    for warning in said:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return state
+
+
 def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True`` (no arbitrary unpickling)."""
+    """Load a checkpoint with ``weights_only=True`` (no arbitrary unpickling; `torch_file`)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     if path.stat().st_size == 0:
         raise ModelFileError(f"{path} is empty (0 bytes); start fresh with --no-resume")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except CORRUPT_FILE_ERRORS as err:
-        raise ModelFileError(f"{path} is not a readable checkpoint ({load_failure_reason(err)}); start fresh with"
-                             " --no-resume --overwrite") from err
+    state = torch_file(path, map_location, "checkpoint", "; start fresh with --no-resume --overwrite")
     if not isinstance(state, dict):
         raise ModelFileError(f"{path} holds a {type(state).__name__}, not a checkpoint; start fresh with --no-resume")
     return state
