@@ -11,6 +11,7 @@ Writes the table to docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
@@ -68,7 +69,7 @@ def step_flops(model: ResNetEnergy, batch: int, device: torch.device) -> int:
 
 def measure(model: ResNetEnergy, batch: int, precision: str, steps: int, device: torch.device) -> float:
     cfg = SamplerConfig(step_size=10.0, steps=steps, precision=precision)
-    sample(model, batch, cfg, seed=0, steps=1)  # warm-up
+    sample(model, batch, dataclasses.replace(cfg, steps=1), seed=0)  # warm-up
     _sync(device)
     t = time.perf_counter()
     sample(model, batch, cfg, seed=0)

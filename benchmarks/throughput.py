@@ -48,7 +48,7 @@ on the platform, its row says why in one line instead of a time.
 With ``--derivatives`` it times a training iteration of each denoising recipe (by default; the
 contrastive-divergence recipes' KL loss does not use the layers' own derivatives) at its own batch on one CPU thread
 (CUDA too when present) with the second derivatives of the convolutions, group normalisations and SiLUs by autograd's
-formulas against by `composable_ebm.accel.derivatives`' own (`use_own_derivatives`), in float32 and in bfloat16,
+formulas against by `composable_ebm.accel.derivatives`' own (`CEBM_OWN_DERIVATIVES`), in float32 and in bfloat16,
 alternating the four in one run, into the section ``throughput-derivatives``. Its first column is the eager float32
 path the issue on throughput started from; its last compares the recipe's default now (its own precision, own
 derivatives) with it:
@@ -72,9 +72,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks._report import write_section
 from benchmarks.sampling import _sync, matmul_gflops, step_flops, step_seconds
-from composable_ebm.accel.derivatives import use_own_derivatives
 from composable_ebm.recipes import build_dataset, build_model, load_recipe
-from composable_ebm.accel.graphs import enabled as graphs_enabled
+from composable_ebm.accel.settings import Speed
 from composable_ebm.accel.precision import native_bfloat16
 from composable_ebm.training import Trainer
 from composable_ebm.training.denoising import DenoisingObjective, noise_prediction_loss
@@ -202,9 +201,9 @@ def derivatives_table(names: list[str], iters: int, rounds: int) -> None:
                 # two compared back to back, in turns first, then the others
                 order = compared[::-1] if i % 2 else compared
                 for precision, native in order + [v for v in variants if v not in compared]:
-                    use_own_derivatives(native)
+                    os.environ["CEBM_OWN_DERIVATIVES"] = "1" if native else "0"  # read as each run starts
                     times[precision, native].append(training_iteration(recipe, data, batch, device, iters, precision))
-            use_own_derivatives("cpu")
+            os.environ["CEBM_OWN_DERIVATIVES"] = "cpu"
             best = {v: min(t) for v, t in times.items()}
             # the default against the float32 path within each round (back to back), the median over rounds
             ratios = sorted(a / b for a, b in zip(times["float32", False], times[shipped, True], strict=True))
@@ -216,7 +215,7 @@ def derivatives_table(names: list[str], iters: int, rounds: int) -> None:
         f"`python -m benchmarks.throughput --derivatives --recipes {' '.join(names)} --iters {iters} --rounds"
         f" {rounds}` on torch {torch.__version__}: seconds of one training iteration (`Trainer.train_step`) at the"
         " recipe's own batch, with the second derivatives of the convolutions, group normalisations and SiLUs by"
-        " autograd's formulas (`use_own_derivatives(False)`) and by `composable_ebm.accel.derivatives`' own, in float32"
+        " autograd's formulas (`CEBM_OWN_DERIVATIVES=0`) and by `composable_ebm.accel.derivatives`' own, in float32"
         " and in bfloat16 (`[trainer] precision` for a denoising recipe, `[trainer.sampler] precision` for a"
         f" contrastive-divergence recipe's chain), the fastest of {rounds} alternating measurements of {iters}"
         " iterations each. Default: the recipe's own precision with the layers' own derivatives, against the eager"
@@ -242,10 +241,10 @@ def chain_seconds(model, batch: int, chain, device: torch.device) -> float:
     from composable_ebm.sampling import sample
 
     labels = _labels(model, batch, device) or None
-    sample(model, n=batch, config=chain, labels=labels, seed=0)
+    sample(model, batch, chain, labels=labels, seed=0)
     _sync(device)
     start = time.perf_counter()
-    sample(model, n=batch, config=chain, labels=labels, seed=1)
+    sample(model, batch, chain, labels=labels, seed=1)
     _sync(device)
     return time.perf_counter() - start
 
@@ -254,8 +253,6 @@ def paper_chain_steps(batches: list[int]) -> tuple[list[tuple[int, float, float,
     """The paper's 32-px network's training chain (recipes/cifar10.toml's ``[trainer.sampler]``, 40 Langevin steps)
     on the GPU, eager against replayed from CUDA graphs, the faster of two alternating runs: per batch, seconds per
     step both ways and the step's arithmetic (`step_flops`); and the dense float32 matrix-product rate (the limit)."""
-    from composable_ebm.accel.graphs import use_cuda_graphs
-
     device = torch.device("cuda")
     recipe = load_recipe(ROOT / "recipes" / "cifar10.toml")
     model = build_model(recipe, torch.empty(0)).to(device)
@@ -265,9 +262,9 @@ def paper_chain_steps(batches: list[int]) -> tuple[list[tuple[int, float, float,
         times: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(2):
             for on in (False, True):
-                use_cuda_graphs(on)
+                os.environ["CEBM_CUDA_GRAPHS"] = "1" if on else "0"  # read as each run starts
                 times[on].append(chain_seconds(model, batch, chain, device) / chain.total_steps)
-        use_cuda_graphs(False)
+        os.environ["CEBM_CUDA_GRAPHS"] = "0"
         rows.append((batch, min(times[False]), min(times[True]), step_flops(model, batch, device)))
         print((PAPER, *rows[-1]), flush=True)
     return rows, matmul_gflops(device)
@@ -276,8 +273,6 @@ def paper_chain_steps(batches: list[int]) -> tuple[list[tuple[int, float, float,
 def graphs_table(names: list[str], batches: list[int], iters: int, paper: bool = False) -> None:
     """A training iteration and a sampling chain on the GPU, eager against replayed from CUDA graphs (and with
     ``paper``, the paper's 32-px network's chain step against the device's limit)."""
-    from composable_ebm.accel.graphs import use_cuda_graphs
-
     device = torch.device("cuda")
     rows = []
     for name in names:
@@ -290,10 +285,10 @@ def graphs_table(names: list[str], batches: list[int], iters: int, paper: bool =
             chains: dict[bool, list[float]] = {False: [], True: []}
             for _ in range(2):  # alternate, so a drift in the machine's speed reaches both alike
                 for on in (False, True):
-                    use_cuda_graphs(on)
+                    os.environ["CEBM_CUDA_GRAPHS"] = "1" if on else "0"  # read as each run starts
                     times[on].append(training_iteration(recipe, data, batch, device, iters))
                     chains[on].append(chain_seconds(model, batch, chain, device))
-            use_cuda_graphs(False)
+            os.environ["CEBM_CUDA_GRAPHS"] = "0"
             rows.append((name, batch, min(times[False]), min(times[True]), min(chains[False]), min(chains[True]),
                          chain.total_steps))
             print(rows[-1], flush=True)
@@ -304,7 +299,7 @@ def graphs_table(names: list[str], batches: list[int], iters: int, paper: bool =
         f" {' '.join(map(str, batches))} --iters {iters}{' --paper' if paper else ''}` on torch {torch.__version__},"
         f" {torch.cuda.get_device_name()}: a training iteration (`Trainer.train_step`: a contrastive-divergence"
         " recipe's chain, losses, Adam and the EMA; a denoising recipe's loss, Adam and the EMA) and a whole sampling"
-        " chain (the model's own sampler), run eagerly against replayed from CUDA graphs (`use_cuda_graphs`: a"
+        " chain (the model's own sampler), run eagerly against replayed from CUDA graphs (`CEBM_CUDA_GRAPHS`: a"
         " chain's transitions, and a denoising iteration's batch, loss and backward pass), the faster of two"
         f" alternating measurements ({iters} iterations each).",
         "",
@@ -541,7 +536,7 @@ def main() -> None:
                 rows.append((name, where, batch, iteration, step * 1e3, rate, rate / peaks[where], outside))
                 print(rows[-1], flush=True)
     notes = ""
-    if any(kind == "cuda" for kind, _ in settings) and graphs_enabled():
+    if any(kind == "cuda" for kind, _ in settings) and Speed.from_environment().cuda_graphs:
         notes += (" On CUDA the training iteration's chain is replayed from CUDA graphs"
                   " (`composable_ebm.accel.graphs`).")
     if args.paper:

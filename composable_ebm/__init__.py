@@ -29,7 +29,7 @@ _EXPORTS = {
                      "fid", "inception_score", "ood_auroc", "plot_training_health", "train_classifier"],
                     "composable_ebm.evaluation"),
     **dict.fromkeys(["chain_strip", "image_grid", "save_chain_strip", "save_image_grid"], "composable_ebm.images"),
-    "Pretrained": "composable_ebm.persistence",
+    "Pretrained": "composable_ebm.pretrained",
     "list_models": "composable_ebm.models",
     "register": "composable_ebm.model_types",
     **dict.fromkeys(["TrainedRun", "load_run", "train_recipe"], "composable_ebm.runs"),
@@ -37,7 +37,7 @@ _EXPORTS = {
 _RENAMED = {"load": ("composable_ebm.models", "load_model"), "push": ("composable_ebm.models", "push_to_hub"),
             "save": ("composable_ebm.models", "save_model")}
 _SUBMODULES = {"analytic", "atomic", "cli", "configs", "data", "energy", "errors", "evaluation", "expression", "hub",
-               "folders", "images", "model_cards", "model_types", "models", "nets", "persistence", "pipeline", "recipes", "registry", "runs", "sampling", "studio",
+               "folders", "images", "model_cards", "model_types", "models", "nets", "persistence", "pipeline", "pretrained", "recipes", "registry", "runs", "sampling", "studio",
                "training"}
 
 
@@ -81,7 +81,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from composable_ebm.models import load_model as load
     from composable_ebm.models import push_to_hub as push
     from composable_ebm.models import save_model as save
-    from composable_ebm.persistence import Pretrained
+    from composable_ebm.pretrained import Pretrained
     from composable_ebm.images import chain_strip, image_grid, save_chain_strip, save_image_grid
     from composable_ebm.runs import TrainedRun, load_run, train_recipe
     from composable_ebm.nets import (BlockSpec, DenoisingUNetConfig, DenoisingUNetEnergy, MLPConfig, MLPEnergy,

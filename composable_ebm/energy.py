@@ -100,6 +100,12 @@ class Energy(nn.Module):
             name: tuple(values) for name, values in (attributes or {}).items()
         }
 
+    sampling_defaults: Any = None
+    """A trained model's own sampling settings (`composable_ebm.sampling.SamplingDefaults`, from its ``config.json``
+    or recipe), which the pipeline reads; None for an energy that declares none (the pipeline then samples
+    ``exp(-E)`` itself: `composable_ebm.pipeline.UNDECLARED`). Algebra nodes declare none: a composite's settings
+    come from its parts."""
+
     takes_noise_level: bool = False
     """Whether `energy` takes the noise level (``energy(x, labels, sigma)``): noise-conditioned networks and the
     algebra nodes, which pass it to their terms."""

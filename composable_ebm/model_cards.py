@@ -122,20 +122,7 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
     if attributes:
         lines += ["", "Attributes it is conditioned on:" if energy else "Attributes it predicts:", ""]
         lines += [f"- `{a}`: {', '.join(f'`{v}`' for v in values)}" for a, values in attributes.items()]
-    where = repo_id or shown_location(location)
-    load = f'cebm.load("{where}")' if where else 'cebm.load("PATH_OR_ORG/NAME")  # the folder or Hub id it lives in'
-    if energy:
-        example = ""
-        if attributes:
-            a, values = next(iter(attributes.items()))
-            example = f'.condition({a}="{values[0]}")'
-        lines += ["", "## Use", "", "```python", "import composable_ebm as cebm", "", f"model = {load}",
-                  f"images = model{example}.sample(n=16, seed=0)", "```"]
-    elif attributes:
-        size, channels = config.get("image_size", 32), config.get("in_channels", 3)
-        lines += ["", "## Use", "", "```python", "import torch", "import composable_ebm as cebm", "",
-                  f"classifier = {load}", f"images = torch.rand(4, {channels}, {size}, {size})  # or samples, in [0, 1]",
-                  "readings = classifier.predict(images)  # {attribute: value index per image}", "```"]
+    lines += _usage(config, energy, repo_id or shown_location(location))
     if steps is not None or recipe:
         lines += ["", "## Training", ""]
         if steps is not None:
@@ -154,6 +141,26 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
               f"[arXiv:{ARXIV_ID}](https://arxiv.org/abs/{ARXIV_ID})", "",
               "```bibtex", CITATION, "```", ""]
     return utf8_text("\n".join(lines))
+
+
+def _usage(config: dict, energy: bool, where: str | None) -> list[str]:
+    """The card's "Use" block: an energy sampled (conditioned on its first value), a classifier reading images; none
+    for a classifier of no attribute. ``where``: the folder or Hub id it loads from (None: a placeholder)."""
+    load = f'cebm.load("{where}")' if where else 'cebm.load("PATH_OR_ORG/NAME")  # the folder or Hub id it lives in'
+    attributes = config.get("attributes") or {}
+    if energy:
+        example = ""
+        if attributes:
+            a, values = next(iter(attributes.items()))
+            example = f'.condition({a}="{values[0]}")'
+        return ["", "## Use", "", "```python", "import composable_ebm as cebm", "", f"model = {load}",
+                f"images = model{example}.sample(n=16, seed=0)", "```"]
+    if not attributes:
+        return []
+    size, channels = config.get("image_size", 32), config.get("in_channels", 3)
+    return ["", "## Use", "", "```python", "import torch", "import composable_ebm as cebm", "", f"classifier = {load}",
+            f"images = torch.rand(4, {channels}, {size}, {size})  # or samples, in [0, 1]",
+            "readings = classifier.predict(images)  # {attribute: value index per image}", "```"]
 
 
 def refresh_card(card: str, recipe: list[tuple[str, str]] | None, config: dict) -> str:

@@ -33,7 +33,6 @@ from composable_ebm.hub import (
 from composable_ebm.model_cards import model_card
 from composable_ebm.model_types import model_class
 from composable_ebm.persistence import (
-    Pretrained,
     model_payload as network_payload,
     network_config,
     read_config,
@@ -41,7 +40,7 @@ from composable_ebm.persistence import (
     recover_folder,
     write_model,
 )
-from composable_ebm.sampling import LadderConfig, SamplingDefaults
+from composable_ebm.sampling import SamplingDefaults
 
 __all__ = [
     "BUNDLED_DIR", "bundled_models", "from_pretrained", "list_models", "load_model", "model_from_payload",
@@ -50,7 +49,7 @@ __all__ = [
 ]
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
-P = TypeVar("P", bound=Pretrained)
+P = TypeVar("P")
 
 
 def sampling_defaults(payload: dict[str, Any], path: Path) -> SamplingDefaults | None:
@@ -77,8 +76,8 @@ def model_payload(model: nn.Module) -> dict[str, Any]:
     must be of its family."""
     payload = network_payload(model)
     if isinstance(model, Energy):
-        defaults = getattr(model, "sampling_defaults", None)
-        if defaults is not None and isinstance(defaults.sampler, LadderConfig) != isinstance(model, NoiseConditioned):
+        defaults = model.sampling_defaults
+        if defaults is not None and defaults.sampler.noise_levels != isinstance(model, NoiseConditioned):
             wanted = "a LadderConfig" if isinstance(model, NoiseConditioned) else "a SamplerConfig"
             raise InvalidInputError(f"{model.name}'s sampling_defaults hold a {type(defaults.sampler).__name__}, which"
                                     f" its family does not sample with; valid choices: {wanted}")

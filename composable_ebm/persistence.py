@@ -7,8 +7,8 @@ above: where models come from, their cards and their sampling defaults) fills an
 network class, no Hub, no card and no sampler.
 
 A network class becomes savable by registering its type name (`composable_ebm.model_types.register`) and mixing in
-`Pretrained` (``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``, the names of huggingface_hub's
-``ModelHubMixin``), whose methods reach `composable_ebm.models` when called.
+`composable_ebm.pretrained.Pretrained` (``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``), whose methods
+reach `composable_ebm.models` when called; this module imports neither.
 
 Saving replaces a model folder whole or not at all: the new folder is written beside the old
 one (``.NAME.new-PID-*``) and swapped in by two renames; if a process dies between them, the next
@@ -29,7 +29,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -44,11 +44,8 @@ from composable_ebm.errors import InvalidInputError, ModelFileError, ModelNotFou
 from composable_ebm.folders import CARD_NAME, CONFIG_NAME, WEIGHTS_NAME
 from composable_ebm.model_types import MODEL_TYPES, model_class
 
-if TYPE_CHECKING:  # pragma: no cover; annotations only
-    from composable_ebm.sampling import SamplingDefaults
-
 __all__ = [
-    "CARD_NAME", "CONFIG_KEYS", "CONFIG_NAME", "MAX_PARAMETERS", "WEIGHTS_NAME", "Pretrained", "check_new_folder",
+    "CARD_NAME", "CONFIG_KEYS", "CONFIG_NAME", "MAX_PARAMETERS", "WEIGHTS_NAME", "check_new_folder",
     "model_payload", "network_config", "read_config", "read_model", "recover_folder", "weights_header",
     "write_model",
 ]
@@ -387,45 +384,3 @@ def _probe(model: Energy, weights: Path) -> None:
         energies = model(x.to(model.device), labels or None)
     if not bool(torch.isfinite(energies).all()):
         raise NonFiniteError(f"{weights}: the weights are finite but give non-finite energies on noise inputs")
-
-
-
-
-P = TypeVar("P", bound="Pretrained")
-
-
-class Pretrained:
-    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for a registered class
-    (`composable_ebm.model_types.register`): each is `composable_ebm.models`'s, imported when called (the one
-    documented reach of this module into the layer above, as ``Energy.sample`` reaches the pipeline).
-
-    An energy among them carries ``sampling_defaults`` (`SamplingDefaults`, ``None`` until set): the settings it
-    was trained for, saved in its ``config.json`` and read by the sampling pipeline.
-    """
-
-    sampling_defaults: SamplingDefaults | None = None
-    card: str | None = None  # the README.md it was loaded with, which a push keeps
-
-    def save_pretrained(self, folder: str | Path, card: str | None = None) -> Path:
-        """Save as ``config.json`` + ``model.safetensors`` with a model card (default: the card it was loaded with,
-        else a generated one): `composable_ebm.models.save_pretrained`."""
-        from composable_ebm.models import save_pretrained
-
-        return save_pretrained(self, folder, card)
-
-    def push_to_hub(self, repo_id: str, revision: str | None = None, private: bool = False,
-                    token: str | None = None, commit_message: str | None = None) -> str:
-        """Publish to the Hugging Face Hub (`composable_ebm.models.push_to_hub`); returns the commit URL."""
-        from composable_ebm.models import push_to_hub
-
-        return push_to_hub(self, repo_id, revision=revision, private=private, token=token,
-                           commit_message=commit_message)
-
-    @classmethod
-    def from_pretrained(cls: type[P], name_or_path: str | Path, revision: str | None = None,
-                        device: torch.device | str | None = None, **options: Any) -> P:
-        """Load a saved model of this class: a folder, a bundled name or ``org/name[@revision]``
-        (`composable_ebm.models.from_pretrained`, which names the Hub options it takes)."""
-        from composable_ebm.models import from_pretrained
-
-        return from_pretrained(cls, name_or_path, revision, device, **options)

@@ -1,4 +1,4 @@
-"""The sampling pipeline: the one place that decides how an expression is sampled.
+"""The sampling pipeline: the one place that decides how an expression is sampled, once (`plan`), then runs it (`run`).
 
 `Energy.sample`, `composable_ebm.sample`, ``cebm sample`` / ``cebm compose`` and the studio all call `sample`
 here, so the same expression and seed give the same samples everywhere. It decides three things, and the
@@ -14,9 +14,10 @@ layers below it decide none of them:
   sampled in the form, with the settings of the first branch. A plain sum of models trained with label dropout
   warns that its guided form is the one that composes, and one that negates such a model is refused in one line
   (its plain difference also rewards what the model finds unlikely in general);
-- **the settings** (`default_settings`): a trained model's own (`SamplingDefaults`, from its ``config.json``;
-  on its own, with its ``alone`` settings), a composite's derived from its parts (below), else the sampler's
-  defaults; keyword overrides win;
+- **the chain** (`default_settings`): a trained model's own (`SamplingDefaults`, from its ``config.json``;
+  on its own, with its ``alone`` settings), a composite's derived from its parts (below), else its family's default:
+  a `LadderConfig` for a noise-conditioned energy, `UNDECLARED` (``exp(-E)`` itself, by MALA with an adapted step)
+  for any other; keyword overrides of the chain's fields win, and a field of the other family's chain is one line;
 - **the generator**: ``seed=`` or ``generator=``; without either, torch's global generator seeds the chains, so
   ``torch.manual_seed`` makes a call repeat.
 
@@ -47,18 +48,19 @@ from torch import Tensor
 from composable_ebm.energy import (Conditioned, Disjunction, Energy, Guided, NoiseConditioned, WeightedSum, branches,
                                    guided, mixture)
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.sampling import ChainSettings, LadderConfig, SampleResult, SamplerConfig, SamplingDefaults, with_overrides
+from composable_ebm.sampling import (Chain, LadderConfig, SampleResult, SamplerConfig, SamplerDiagnostics,
+                                     SamplingDefaults, make_generator, with_overrides)
 from composable_ebm.sampling import sample as run_sampler
-from composable_ebm.sampling.runner import SamplerDiagnostics, check_count, make_generator
+from composable_ebm.sampling.runner import check_count
 
 Form = Literal["auto", "plain", "guided"]
 FORMS: tuple[str, ...] = get_args(Form)
 
 
 def model_defaults(energy: Energy) -> SamplingDefaults | None:
-    """A trained model's own sampling defaults (its ``config.json``), ``None`` for an energy without any."""
-    defaults = getattr(energy, "sampling_defaults", None)
-    return defaults if isinstance(defaults, SamplingDefaults) else None
+    """A trained model's own sampling defaults (its ``config.json``, `Energy.sampling_defaults`), ``None`` for an
+    energy without any."""
+    return energy.sampling_defaults
 
 
 def _term_defaults(term: Energy) -> SamplingDefaults | None:
@@ -141,24 +143,13 @@ def _settings(energy: Energy, alone: bool) -> SamplingDefaults | None:
     if first is None:
         return None
     sampler = first.sampler
-    if isinstance(sampler, SamplerConfig):
-        augments = {getattr(d.sampler, "augment", None) if d is not None else None for d in parts}
+    if sampler.augment is not None:  # kept only where every part runs it and it keeps what each term is bound to
+        augments = {d.sampler.augment if d is not None else None for d in parts}
         keeps = len(augments) == 1 and all(_preserves(t, d) for t, d in zip(energy.terms, parts, strict=True))
-        sampler = dataclasses.replace(sampler, augment=sampler.augment if keeps else None)
+        sampler = sampler if keeps else dataclasses.replace(sampler, augment=None)
     if isinstance(energy, WeightedSum):
         sampler = dataclasses.replace(sampler, step_size=sampler.step_size / len(energy.terms))
-    return SamplingDefaults(_within_levels(energy, sampler))
-
-
-def _within_levels(energy: Energy, sampler: ChainSettings) -> ChainSettings:
-    """A ladder cut to the levels every model in ``energy`` was trained on (`trained_levels`); other settings as
-    they are."""
-    levels = trained_levels(energy)
-    if not isinstance(sampler, LadderConfig) or levels is None:
-        return sampler
-    high = min(sampler.sigma_max, levels[1])
-    low = min(max(sampler.sigma_min, levels[0]), high)
-    return dataclasses.replace(sampler, sigma_min=low, sigma_max=high)
+    return SamplingDefaults(sampler)
 
 
 def trained_levels(energy: Energy) -> tuple[float, float] | None:
@@ -186,15 +177,16 @@ def _noise_ranges(energy: Energy) -> dict[Energy, tuple[float, float]]:
     return out
 
 
-def _warn_outside(energy: Energy, config: ChainSettings) -> None:
-    """Warn when ``config``'s noise ladder reaches levels some model in ``energy`` was not trained on."""
-    if not isinstance(config, LadderConfig):
+def _warn_outside(energy: Energy, config: Chain) -> None:
+    """Warn when ``config`` walks noise levels some model in ``energy`` was not trained on."""
+    span = config.noise_span()
+    if span is None:
         return
-    top, bottom = config.sigma_max, config.sigma_min
+    bottom, top = span
     for part, (low, high) in _noise_ranges(energy).items():
         if top > high * (1 + 1e-6) or bottom < low * (1 - 1e-6):
             warnings.warn(f"the noise ladder [{bottom:g}, {top:g}] reaches levels {part.name} was not trained on"
-                          f" ([{low:g}, {high:g}]); its energy there is an extrapolation", stacklevel=3)
+                          f" ([{low:g}, {high:g}]); its energy there is an extrapolation", stacklevel=4)
 
 
 def _preserves(term: Energy, defaults: SamplingDefaults | None) -> bool:
@@ -206,18 +198,20 @@ def _preserves(term: Energy, defaults: SamplingDefaults | None) -> bool:
 
 @dataclass(frozen=True)
 class Plan:
-    """What `sample` runs: the energy in its form and the settings, overrides applied."""
+    """What `run` runs: the energy in its form and the chain, every default and override decided."""
 
     energy: Energy
-    config: ChainSettings
+    config: Chain
 
 
-def plan(energy: Energy, form: str = "auto", config: ChainSettings | None = None, **overrides: Any) -> Plan:
-    """The energy and settings `sample` would run for ``energy`` (the studio shows them beside the expression)."""
+def plan(energy: Energy, form: str = "auto", config: Chain | None = None, **overrides: Any) -> Plan:
+    """Decide, once, how ``energy`` is sampled in ``form``: the energy in its form (`composed`), the chain (``config``,
+    else its own settings or its family's default, kept to the levels its models were trained on), then
+    ``overrides`` of the chain's fields. `sample` runs the plan; the studio and ``cebm compose`` show it first."""
     if not isinstance(energy, Energy):
         raise InvalidInputError(f"can only sample an Energy, got {type(energy).__name__}")
     _check_one_family(energy)
-    trained_levels(energy)
+    levels = trained_levels(energy)
     runs = composed(energy, form)
     if form == "plain":
         _check_plain_negation(energy)
@@ -228,67 +222,85 @@ def plan(energy: Energy, form: str = "auto", config: ChainSettings | None = None
     parts = list(runs.terms) if isinstance(runs, Disjunction) else [runs]
     for part in parts:
         _check_floor(part)
+        if constant(energy) or constant(part):
+            raise InvalidInputError(f"{energy.expression()} has zero total weight on every term, so its energy is"
+                                    " constant and its samples would be noise; give some term a non-zero weight")
     if config is None:  # a mixture's: its first branch's, within every branch's levels
         defaults = default_settings(parts[0])
-        config = _within_levels(runs, defaults.sampler if defaults is not None else _family_default(parts[0]))
+        config = (defaults.sampler if defaults is not None else _family_default(parts[0])).within(levels)
+    _check_family(config, overrides)
     config = with_overrides(config, overrides)
     _warn_outside(runs, config)
     return Plan(runs, config)
 
 
-def _family_default(energy: Energy) -> ChainSettings:
-    """The settings of an energy none of whose parts has its own: a `LadderConfig` over the levels its models were
-    trained on for a noise-conditioned energy, `SamplerConfig`'s defaults otherwise."""
-    return _within_levels(energy, LadderConfig()) if energy.noise_conditioned else SamplerConfig()
+def _family_default(energy: Energy) -> Chain:
+    """The chain of an energy none of whose parts declares settings: a `LadderConfig` for a noise-conditioned energy,
+    else `UNDECLARED`, which samples exp(-E) itself."""
+    return LadderConfig() if energy.noise_conditioned else UNDECLARED
 
 
-def sample(
-    energy: Energy,
-    n: int | None = None,
-    config: ChainSettings | None = None,
-    *,
-    form: str = "auto",
-    x0: Tensor | None = None,
-    labels: Any = None,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-    device: torch.device | str | None = None,
-    keep_every: int = 0,
-    progress: bool = False,
-    callback: Any = None,
-    **overrides: Any,
-) -> SampleResult:
-    """Sample ``energy`` as the toolkit does everywhere: `plan` (form and settings), then Algorithm 2
-    (`composable_ebm.sampling.sample`, whose arguments the rest are).
+UNDECLARED = SamplerConfig(method="mala", noise="exact", step_size=0.1, steps=400, adapt=200, clamp=True)
+"""The chain of an energy that declares no sampling settings: MALA with exact noise, whose step size is adapted over
+its first 200 transitions towards an acceptance of `SamplerConfig.target_acceptance`, so its samples come from
+``exp(-E)`` (restricted to the value range) whatever the energy's scale. The image models declare their own."""
 
-    A chain with an accept/reject step (MALA) that accepted no proposal at all is refused in one line: its
-    samples would be the starting noise.
+
+def sample(energy: Energy, n: int | None = None, config: Chain | None = None, *, form: str = "auto",
+           **run_options: Any) -> SampleResult:
+    """Sample ``energy`` as the toolkit does everywhere: `plan` (form and settings: ``config`` and the ``run_options``
+    that name its fields), then `run`. The other ``run_options`` are `run`'s (``x0``, ``labels``, ``seed``,
+    ``generator``, ``device``, ``keep_every``, ``progress``, ``callback``, ``speed``)."""
+    overrides = {k: v for k, v in run_options.items() if k not in RUN_OPTIONS}
+    return run(plan(energy, form, config, **overrides), n, **{k: v for k, v in run_options.items() if k in RUN_OPTIONS})
+
+
+RUN_OPTIONS = ("x0", "labels", "seed", "generator", "device", "keep_every", "progress", "callback", "speed")
+"""`run`'s own options; any other keyword of `sample` names a field of the chain."""
+
+
+def run(chosen: Plan, n: int | None = None, *, x0: Tensor | None = None, labels: Any = None, seed: int | None = None,
+        generator: torch.Generator | None = None, device: torch.device | str | None = None, keep_every: int = 0,
+        progress: bool = False, callback: Any = None, speed: Any = None) -> SampleResult:
+    """Run a `plan`: its chain on its energy (`composable_ebm.sampling.sample`), a mixture branch by branch.
+
+    A chain with an accept/reject step (MALA) that accepted no proposal at all is refused in one line: its samples
+    would be the starting noise.
     """
-    chosen = plan(energy, form, config, **overrides)
-    parts = list(chosen.energy.terms) if isinstance(chosen.energy, Disjunction) else [chosen.energy]
-    if constant(energy) or any(constant(part) for part in parts):
-        raise InvalidInputError(f"{energy.expression()} has zero total weight on every term, so its energy is"
-                                " constant and its samples would be noise; give some term a non-zero weight")
-    run = dict(keep_every=keep_every, progress=progress, callback=callback)
+    options = dict(x0=x0, labels=labels, seed=seed, generator=generator, device=device, keep_every=keep_every,
+                   progress=progress, callback=callback, speed=speed)
     if isinstance(chosen.energy, Disjunction):
-        result = _sample_mixture(chosen.energy, n, chosen.config, x0, labels, seed, generator, device, run)
+        result = _sample_mixture(chosen.energy, n, chosen.config, **options)
     else:
-        result = run_sampler(chosen.energy, n, chosen.config, x0=x0, labels=labels, seed=seed, generator=generator,
-                             device=device, **run)
+        result = run_sampler(chosen.energy, n, chosen.config, **options)
     acc = result.diagnostics.acceptance
     if acc is not None and acc.numel() and not bool(acc.any()):
         raise InvalidInputError(
-            f"{chosen.config.method} accepted none of {acc.numel()} steps' proposals for {energy.expression()}, so the"
-            f" samples are the starting noise: its proposals (step size {chosen.config.step_size:g}"
-            + (f", noise std {chosen.config.noise_std:.3g}" if isinstance(chosen.config, SamplerConfig) else "")
-            + ") are too far for this energy; lower the step size" + (" or the noise" if isinstance(
-                chosen.config, SamplerConfig) else ""))
+            f"{chosen.config.method} accepted none of {acc.numel()} steps' proposals for {chosen.energy.expression()},"
+            f" so the samples are the starting noise: its proposals ({chosen.config.summary()}) are too far for this"
+            " energy; lower the step size" + (" or the noise" if "noise" in _fields(chosen.config) else ""))
     return result
 
 
-def _sample_mixture(energy: Disjunction, n: int | None, config: ChainSettings, x0: Tensor | None, labels: Any,
+def _fields(config: Chain | type) -> set[str]:
+    return {f.name for f in dataclasses.fields(config)}
+
+
+def _check_family(config: Chain, overrides: dict[str, Any]) -> None:
+    """One line for overrides that are settings of the other family's chain only (``levels`` for a model without noise
+    levels, ``rounds`` for a noise-conditioned one), naming both families."""
+    other = SamplerConfig if config.noise_levels else LadderConfig
+    theirs = sorted((set(overrides) - _fields(config)) & _fields(other))
+    if theirs:
+        whose = "models without noise levels" if config.noise_levels else "noise-conditioned models"
+        raise InvalidInputError(f"{theirs} {'is a setting' if len(theirs) == 1 else 'are settings'} of {other.family},"
+                                f" which {whose} sample with; this one samples with {config.family}: valid settings"
+                                f" {sorted(_fields(config))}")
+
+
+def _sample_mixture(energy: Disjunction, n: int | None, config: Chain, *, x0: Tensor | None, labels: Any,
                     seed: int | None, generator: torch.Generator | None, device: torch.device | str | None,
-                    run: dict[str, Any]) -> SampleResult:
+                    **run: Any) -> SampleResult:
     """A disjunction's samples: each chain draws its part from the parts' shares, then every part samples its chains
     with ``config`` from the same generator, in order. The samples (and kept states) stand in the chains' order; the
     per-step diagnostics are the parts' means weighted by their chains."""

@@ -243,16 +243,47 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     end (`TrainedRun.stopped` says why), and ``cebm train`` resumes from there. `export_run` makes a model folder
     from any run's checkpoint.
     """
-    from tqdm.auto import tqdm
-
-    from composable_ebm.evaluation import plot_training_health
-    from composable_ebm.models import save_model
-    from composable_ebm.model_cards import model_card, recipe_text
-    from composable_ebm.recipes import build_dataset, build_model, load_recipe
-    from composable_ebm.training import DenoisingConfig, Trainer, init_distributed, read_log
+    from composable_ebm.recipes import build_dataset, build_model
+    from composable_ebm.training import Trainer, init_distributed
 
     say = echo or (lambda line: None)
     recipe, out = Path(recipe), Path(out)
+    spec, precision = _checked_recipe(recipe, out, settings, precision, steps, max_minutes)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    init_distributed(device)
+    data = build_dataset(spec.data, spec.folder)
+    model = build_model(spec, data)
+    trainer = Trainer(model, data, spec.trainer, out_dir=out, device=torch.device(device))
+    try:
+        aside, resumed_from, init_changes = _start(trainer, model, spec, out, resume=resume, overwrite=overwrite,
+                                                   allow_config_change=allow_config_change, init=init, say=say)
+        total = steps if steps is not None else spec.trainer.steps
+        if trainer.rank == 0:
+            _write_network(model, out / NETWORK_FILE, spec)
+        _say_estimate(trainer, total, say)
+        summary, stopped, seconds, peak = _fit(trainer, total, progress, max_minutes, resumed_from or 0)
+        ema = trainer.ema
+        ema.sampling_defaults = model.sampling_defaults
+        if trainer.rank == 0:
+            _save_run(trainer, recipe, out, summary, license, _card_notes(init, init_changes, precision, settings))
+            say(f"stopped at step {summary.steps} of {total} ({stopped}); checkpoint and model saved; run the same"
+                " command to resume" if summary.stopped else
+                f"trained {summary.steps} steps ({summary.rollbacks} rollbacks) at {summary.seconds_per_step:.2f} s"
+                f" per step, {_memory_words(trainer.device, peak)}; model in {out / 'model'}")
+        return TrainedRun(ema, summary.steps, summary.rollbacks, resumed_from, aside, seconds,
+                          stopped if summary.stopped else None)
+    finally:
+        trainer.close()
+
+
+def _checked_recipe(recipe: Path, out: Path, settings: Sequence[str], precision: str | None, steps: int | None,
+                    max_minutes: float | None) -> tuple[Any, str | None]:
+    """The recipe with ``settings`` and ``precision`` over its own, and everything `train_recipe` can check before
+    the first step; the precision the card names (None: the recipe's own)."""
+    from composable_ebm.recipes import load_recipe
+    from composable_ebm.training import DenoisingConfig
+
     spec = load_recipe(recipe, settings)
     objective = spec.trainer.objective
     if precision is not None and not isinstance(objective, DenoisingConfig):
@@ -267,73 +298,73 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         raise InvalidInputError(f"--steps must be >= 0, got {steps}")
     if max_minutes is not None and not max_minutes > 0:
         raise InvalidInputError(f"--max-minutes must be a positive number of minutes, got {max_minutes}")
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     if (out / "model").exists() and not (out / "model").is_dir():  # found now, not after the last step
         raise InvalidInputError(f"{out / 'model'} is a file; a run saves its model as a folder there: move the file"
                                 " or choose another --out")
-    init_distributed(device)
-    data = build_dataset(spec.data, spec.folder)
-    model = build_model(spec, data)
-    trainer = Trainer(model, data, spec.trainer, out_dir=out, device=torch.device(device))
+    return spec, precision
+
+
+def _say_estimate(trainer: Any, total: int, say: Callable[[str], None]) -> None:
+    """`estimate` the steps to go (every rank takes part), said and logged by rank 0."""
+    guess = estimate(trainer) if trainer.step < total else None
+    if trainer.rank != 0:
+        return
+    if isinstance(guess, str):
+        say(f"no estimate of the time per step: one of the {ESTIMATE_STEPS} steps it measures faulted ({guess});"
+            " training starts, and rolls back where the fault comes again")
+    elif guess is not None:
+        left = (total - trainer.step) * guess.seconds_per_step
+        say(f"about {guess.seconds_per_step:.2f} s per step on {trainer.device} and"
+            f" {_memory_words(trainer.device, guess.peak_bytes)} (measured on {ESTIMATE_STEPS} steps, then"
+            f" undone), {total - trainer.step} steps to go: about {left / 60:.0f} min; each checkpoint is about"
+            f" {_human_bytes(guess.checkpoint_bytes)}")
+        if trainer.log is not None:
+            trainer.log.append({"event": "estimate", "step": trainer.step,
+                                "seconds_per_step": guess.seconds_per_step, "peak_bytes": guess.peak_bytes})
+
+
+def _fit(trainer: Any, total: int, progress: bool, max_minutes: float | None,
+         started: int) -> tuple[Any, str | None, float, int | None]:
+    """Train from step ``started`` to ``total`` with a progress bar, stopped by a signal or ``max_minutes``; the time
+    per step and peak memory measured are logged. Returns the summary, why it stopped (None: it did not), the seconds
+    it took and the peak memory."""
+    from tqdm.auto import tqdm
+
+    # disable=None: the bar draws on a terminal only, so a log file gets no carriage returns
+    bar = tqdm(total=total, initial=trainer.step, disable=True if not progress or trainer.rank != 0 else None,
+               desc="training")
+    start = time.perf_counter()
+    with StopRequests(max_minutes) as stop:
+        try:
+            summary = trainer.fit(total, callback=_progress(bar), should_stop=stop)
+        finally:
+            bar.close()
+    seconds, peak = time.perf_counter() - start, peak_memory(trainer.device)
+    if trainer.rank == 0 and trainer.log is not None and summary.steps > started:
+        trainer.log.append({"event": "measured", "step": summary.steps, "seconds_per_step": summary.seconds_per_step,
+                            "peak_bytes": peak})
+    return summary, stop.reason, seconds, peak
+
+
+def _save_run(trainer: Any, recipe: Path, out: Path, summary: Any, license: str | None, notes: str | None) -> None:
+    """The EMA model with its card into ``out/model`` (or one line naming `cebm export`, which writes it from the
+    checkpoint), and the health plot."""
+    from composable_ebm.evaluation import plot_training_health
+    from composable_ebm.model_cards import model_card, recipe_text
+    from composable_ebm.models import save_model
+    from composable_ebm.training import read_log
+
     try:
-        aside, resumed_from, init_changes = _start(trainer, model, spec, out, resume=resume, overwrite=overwrite,
-                                                   allow_config_change=allow_config_change, init=init, say=say)
-        total = steps if steps is not None else spec.trainer.steps
-        if trainer.rank == 0:
-            _write_network(model, out / NETWORK_FILE, spec)
-        guess = estimate(trainer) if trainer.step < total else None
-        if isinstance(guess, str) and trainer.rank == 0:
-            say(f"no estimate of the time per step: one of the {ESTIMATE_STEPS} steps it measures faulted ({guess});"
-                " training starts, and rolls back where the fault comes again")
-        elif guess is not None and trainer.rank == 0:
-            left = (total - trainer.step) * guess.seconds_per_step
-            say(f"about {guess.seconds_per_step:.2f} s per step on {trainer.device} and"
-                f" {_memory_words(trainer.device, guess.peak_bytes)} (measured on {ESTIMATE_STEPS} steps, then"
-                f" undone), {total - trainer.step} steps to go: about {left / 60:.0f} min; each checkpoint is about"
-                f" {_human_bytes(guess.checkpoint_bytes)}")
-            if trainer.log is not None:
-                trainer.log.append({"event": "estimate", "step": trainer.step,
-                                    "seconds_per_step": guess.seconds_per_step, "peak_bytes": guess.peak_bytes})
-        # disable=None: the bar draws on a terminal only, so a log file gets no carriage returns
-        bar = tqdm(total=total, initial=trainer.step, disable=True if not progress or trainer.rank != 0 else None,
-                   desc="training")
-        start = time.perf_counter()
-        with StopRequests(max_minutes) as stop:
-            try:
-                summary = trainer.fit(total, callback=_progress(bar), should_stop=stop)
-            finally:
-                bar.close()
-        seconds = time.perf_counter() - start
-        peak = peak_memory(trainer.device)
-        if trainer.rank == 0 and trainer.log is not None and summary.steps > (resumed_from or 0):
-            trainer.log.append({"event": "measured", "step": summary.steps,
-                                "seconds_per_step": summary.seconds_per_step, "peak_bytes": peak})
-        ema = trainer.ema
-        ema.sampling_defaults = model.sampling_defaults
-        if trainer.rank == 0:
-            notes = _card_notes(init, init_changes, precision, settings)
-            try:
-                card = model_card(ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
-                                  location=str(out / "model"), license=license, notes=notes)
-                save_model(ema, out / "model", card=card)
-            except (OSError, ValueError) as err:  # the trained weights are in the checkpoint: say how to get them
-                raise RunFailure(f"trained {summary.steps} steps, but the model folder {out / 'model'} could not be"
-                                 f" written ({one_line(err)}); the trained weights are in {out / Trainer.CHECKPOINT}:"
-                                 f" mend the cause, then `cebm export {out}` writes the model from it") from err
-            log = out / Trainer.LOG
-            if log.is_file() and any("e_diff" in r or "loss_dsm" in r for r in read_log(log)):  # none before log_every
-                plot_training_health(out, out / "health.png", title=recipe.stem)
-            if summary.stopped:
-                say(f"stopped at step {summary.steps} of {total} ({stop.reason}); checkpoint and model saved; run the"
-                    " same command to resume")
-            else:
-                say(f"trained {summary.steps} steps ({summary.rollbacks} rollbacks) at {summary.seconds_per_step:.2f} s"
-                    f" per step, {_memory_words(trainer.device, peak)}; model in {out / 'model'}")
-        return TrainedRun(ema, summary.steps, summary.rollbacks, resumed_from, aside, seconds,
-                          stop.reason if summary.stopped else None)
-    finally:
-        trainer.close()
+        card = model_card(trainer.ema, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=summary.steps,
+                          location=str(out / "model"), license=license, notes=notes)
+        save_model(trainer.ema, out / "model", card=card)
+    except (OSError, ValueError) as err:  # the trained weights are in the checkpoint: say how to get them
+        raise RunFailure(f"trained {summary.steps} steps, but the model folder {out / 'model'} could not be written"
+                         f" ({one_line(err)}); the trained weights are in {out / trainer.CHECKPOINT}: mend the cause,"
+                         f" then `cebm export {out}` writes the model from it") from err
+    log = out / trainer.LOG
+    if log.is_file() and any("e_diff" in r or "loss_dsm" in r for r in read_log(log)):  # none before log_every
+        plot_training_health(out, out / "health.png", title=recipe.stem)
 
 
 def _start(trainer: Any, model: Any, spec: Any, out: Path, *, resume: bool, overwrite: bool,

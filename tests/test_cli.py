@@ -255,6 +255,10 @@ def test_the_commands_choices_are_the_librarys():
     assert get_args(cli.Precision) == get_args(Precision)
     assert get_args(cli.Form) == FORMS
     assert set(cli.SAMPLER_SETTINGS) <= {f.name for f in dataclasses.fields(SamplerConfig)}
+    from composable_ebm.sampling import LadderConfig
+
+    assert set(cli.CHAIN_FIELDS) == {f.name for f in dataclasses.fields(SamplerConfig)}
+    assert set(cli.LADDER_FIELDS) == {f.name for f in dataclasses.fields(LadderConfig)}
 
 
 def test_sample_and_compose_share_their_sampling_options():
@@ -264,10 +268,10 @@ def test_sample_and_compose_share_their_sampling_options():
         return [p for p in inspect.signature(command).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
     shared = options(compose)
-    assert [p.name for p in shared] == [p.name for p in options(sample)] and len(shared) == 13
+    assert [p.name for p in shared] == [p.name for p in options(sample)] and len(shared) == 14
     for command in ("sample", "compose"):
         text = runner.invoke(app, [command, "--help"]).output
-        assert all(f"--{p.name.replace('_', '-')}" in text or p.name == "n" for p in shared), command
+        assert all(f"--{p.name.rstrip('_').replace('_', '-')}" in text or p.name == "n" for p in shared), command
 
 
 def test_eval_fid_between_image_folders_with_a_classifiers_features(tmp_path):

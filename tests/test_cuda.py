@@ -6,6 +6,7 @@ Skipped where no CUDA device exists (CI has none); run them on a machine with on
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -82,23 +83,19 @@ def test_training_on_cuda_resumes_to_the_same_weights(tmp_path: Path):
 
 
 @pytest.fixture
-def cuda_graphs():
-    from composable_ebm.accel.graphs import enabled, use_cuda_graphs
-
-    before = enabled()
-    use_cuda_graphs(True)
-    yield
-    use_cuda_graphs(before)
+def cuda_graphs(monkeypatch):
+    """CUDA graphs on (``CEBM_CUDA_GRAPHS``, read when each run starts), whatever the caller's environment says."""
+    monkeypatch.setenv("CEBM_CUDA_GRAPHS", "1")
+    return monkeypatch
 
 
 def _with_and_without_graphs(run):
-    from composable_ebm.accel.graphs import use_cuda_graphs
-
-    use_cuda_graphs(False)
-    eager = run()
-    use_cuda_graphs(True)
-    graphed = run()
-    return eager, graphed
+    """``run()`` with CUDA graphs off, then on (the variable is read when each run starts)."""
+    results = []
+    for on in ("0", "1"):
+        os.environ["CEBM_CUDA_GRAPHS"] = on
+        results.append(run())
+    return tuple(results)
 
 
 def test_a_chain_replayed_from_cuda_graphs_draws_the_eager_chains_noise(cuda_graphs):
@@ -136,7 +133,7 @@ def test_a_network_chain_replayed_from_a_cuda_graph_matches_the_eager_chain(cuda
     for energy, labels in ((model.condition(color="red"), None),
                            (model, {"color": torch.arange(32, device="cuda") % 3})):
         eager, graphed = _with_and_without_graphs(
-            lambda: sample(energy, n=32, config=config, seed=3, steps=20, labels=labels))
+            lambda: sample(energy, 32, dataclasses.replace(config, steps=20), seed=3, labels=labels))
         assert torch.allclose(eager.samples, graphed.samples, atol=5e-3), (eager.samples - graphed.samples).abs().max()
 
 
@@ -197,7 +194,7 @@ def test_a_chain_whose_capture_fails_runs_eagerly_with_the_eager_draws(cuda_grap
 
 def test_training_with_cuda_graphs_reaches_the_weights_of_eager_training(tmp_path: Path, cuda_graphs):
     """The trainer's chain replays a graph kept across iterations while the optimiser moves the weights in place."""
-    from composable_ebm.accel.graphs import MIN_STEPS, use_cuda_graphs
+    from composable_ebm.accel.graphs import MIN_STEPS
 
     text = TINY_RECIPE.format(name="color", attribute="color")
     assert "[trainer.sampler]\nstep_size = 10.0\nsteps = 3\n" in text
@@ -206,7 +203,7 @@ def test_training_with_cuda_graphs_reaches_the_weights_of_eager_training(tmp_pat
                                    f"[trainer.sampler]\nstep_size = 10.0\nsteps = {MIN_STEPS + 2}\n"))
     weights = []
     for on in (False, True):
-        use_cuda_graphs(on)
+        cuda_graphs.setenv("CEBM_CUDA_GRAPHS", "1" if on else "0")  # read when the run starts
         out = tmp_path / f"graphs-{on}"
         result = runner.invoke(app, ["train", str(recipe), "--out", str(out), "--device", "cuda", "--no-progress",
                                      "--steps", "4"])
@@ -224,8 +221,8 @@ def test_denoising_training_replayed_from_a_cuda_graph_reaches_the_eager_weights
     and redraws what the run drew from that state."""
     import dataclasses
 
+    from composable_ebm.accel.settings import Speed
     from composable_ebm.recipes import build_dataset, build_model, load_recipe
-    from composable_ebm.accel.graphs import use_cuda_graphs
     from composable_ebm.training import Trainer
     from tests.test_diffusion import tiny_diffusion_recipe
 
@@ -235,8 +232,7 @@ def test_denoising_training_replayed_from_a_cuda_graph_reaches_the_eager_weights
     config = dataclasses.replace(recipe.trainer, precision=precision)
     runs = {}
     for on in (False, True):
-        use_cuda_graphs(on)
-        trainer = Trainer(build_model(recipe, data), data, config, device="cuda")
+        trainer = Trainer(build_model(recipe, data), data, config, device="cuda", speed=Speed(cuda_graphs=on))
         runs[on] = ([trainer.train_step().loss for _ in range(6)], trainer.ema.state_dict())
         assert (trainer.objective._graph is not None) == on
     (eager_losses, eager_weights), (graph_losses, graph_weights) = runs[False], runs[True]

@@ -5,32 +5,16 @@ noise-conditioned networks, and they compute only the gradients a backward pass 
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from composable_ebm.accel import derivatives
-from composable_ebm.accel.derivatives import (
-    Conv2d,
-    GroupNorm,
-    own_derivatives,
-    second_derivatives,
-    silu,
-    use_own_derivatives,
-)
+from composable_ebm.accel.derivatives import Conv2d, GroupNorm, second_derivatives, silu
+from composable_ebm.accel.settings import Speed
 from composable_ebm.nets.unet import DenoisingUNetConfig, DenoisingUNetEnergy
 from composable_ebm.training.denoising import DenoisingObjective
-
-
-@pytest.fixture(autouse=True)
-def _restore_setting():
-    before = derivatives._setting
-    yield
-    derivatives._setting = before
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -46,7 +30,6 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_first_and_second_derivatives_pass_gradcheck(geometry):
     """gradcheck and gradgradcheck (finite differences, float64) of the convolution with its own derivatives, for
     strides, dilation and groups: the input gradient and its derivatives in the input, the weights and the bias."""
-    use_own_derivatives(True)
     layer = Conv2d(4, 4, 3, **geometry).double()
     geo = derivatives._Geometry(layer.stride, layer.padding, layer.dilation, layer.groups)
     x = torch.randn(2, 4, 5, 5, dtype=torch.float64, requires_grad=True)
@@ -64,7 +47,6 @@ def test_first_and_second_derivatives_pass_gradcheck(geometry):
 
 
 def _denoising_grads(native: bool, dtype: torch.dtype | None = None) -> tuple[float, torch.Tensor]:
-    use_own_derivatives(native)
     torch.manual_seed(0)
     config = DenoisingUNetConfig(image_size=8, channels=(8, 16), embedding=16, groups=4, attributes={"a": ("x", "y")},
                                  null_condition=True)
@@ -76,7 +58,7 @@ def _denoising_grads(native: bool, dtype: torch.dtype | None = None) -> tuple[fl
         if isinstance(m, GroupNorm):
             torch.nn.init.normal_(m.weight, 1.0, 0.3)
             torch.nn.init.normal_(m.bias, 0.0, 0.3)
-    objective = DenoisingObjective(model)
+    objective = DenoisingObjective(model, own_derivatives="1" if native else "0")
     x = torch.rand(6, 3, 8, 8)
     labels = {"a": torch.tensor([0, 1, -1, 0, 1, -1])}
     with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
@@ -101,7 +83,6 @@ def test_under_autocast_the_convolution_runs_at_autocasts_dtype():
     """In bfloat16 autocast the convolution's output is bfloat16, as conv2d's is. The denoising loss's gradients in
     bfloat16 are no further from float32's than autograd's bfloat16 gradients are (about 5% here, bfloat16's
     rounding), and differ from those by less than half that distance."""
-    use_own_derivatives(True)
     layer = Conv2d(3, 4, 3, padding=1)
     x = torch.rand(2, 3, 8, 8, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16), second_derivatives():
@@ -117,7 +98,6 @@ def test_under_autocast_the_convolution_runs_at_autocasts_dtype():
 def test_taking_only_the_input_gradient_runs_no_weight_gradient(monkeypatch):
     """``autograd.grad`` of the energy in the input alone (as the samplers and the first pass of the denoising loss
     take it) computes no weight gradient; ``backward()`` computes them."""
-    use_own_derivatives(True)
     calls = []
     real = derivatives.conv2d_weight
     monkeypatch.setattr(derivatives, "conv2d_weight", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -135,7 +115,6 @@ def test_taking_only_the_input_gradient_runs_no_weight_gradient(monkeypatch):
 def test_outside_second_derivatives_the_convolution_is_conv2d_itself():
     """A sampling chain's evaluations (first derivatives only) record conv2d's own backward node, with no Python-level
     derivatives; inside `second_derivatives()` the layer records its own."""
-    use_own_derivatives(True)
     layer = Conv2d(3, 4, 3, padding=1)
     x = torch.rand(2, 3, 8, 8, requires_grad=True)
     assert type(layer(x).grad_fn).__name__ == "ConvolutionBackward0"
@@ -144,26 +123,27 @@ def test_outside_second_derivatives_the_convolution_is_conv2d_itself():
     assert type(layer(x).grad_fn).__name__ == "ConvolutionBackward0"
 
 
-def test_the_setting_defaults_to_the_cpu_and_refuses_other_values():
-    """On the CPU only by default; True, False and 'cpu' switch it; anything else is one line naming the choices."""
-    use_own_derivatives("cpu")
-    assert own_derivatives("cpu") and not own_derivatives("cuda")
-    use_own_derivatives(True)
-    assert own_derivatives("cuda")
-    use_own_derivatives(False)
-    assert not own_derivatives("cpu")
-    with pytest.raises(ValueError, match=r"True, False or 'cpu'"):
-        use_own_derivatives("gpu")
-
-
-@pytest.mark.subprocess
-def test_an_unknown_environment_setting_is_one_line_naming_the_choices():
-    """``CEBM_OWN_DERIVATIVES`` other than 0, 1 or cpu stops the import of the networks with one line that names
-    them."""
-    result = subprocess.run([sys.executable, "-c", "import composable_ebm.nets"], capture_output=True, text=True,
-                            env={**os.environ, "CEBM_OWN_DERIVATIVES": "yes"}, timeout=120)
-    assert result.returncode != 0
-    assert "CEBM_OWN_DERIVATIVES='yes' is not a valid setting; valid choices: ['0', '1', 'cpu']" in result.stderr
+def test_the_setting_defaults_to_the_cpu_is_read_when_a_run_starts_and_refuses_other_values(monkeypatch):
+    """On the CPU only by default; ``CEBM_OWN_DERIVATIVES`` is read when a run starts (`Speed.from_environment`), not
+    at import; anything else is one line naming the choices. Inside `second_derivatives` the choice holds, outside it
+    nothing records its own."""
+    monkeypatch.delenv("CEBM_OWN_DERIVATIVES", raising=False)
+    speed = Speed.from_environment()
+    assert speed.own_derivatives_on("cpu") and not speed.own_derivatives_on("cuda")
+    monkeypatch.setenv("CEBM_OWN_DERIVATIVES", "1")
+    assert Speed.from_environment().own_derivatives_on("cuda")
+    monkeypatch.setenv("CEBM_OWN_DERIVATIVES", "0")
+    assert not Speed.from_environment().own_derivatives_on("cpu")
+    monkeypatch.setenv("CEBM_OWN_DERIVATIVES", "yes")
+    with pytest.raises(ValueError, match=r"CEBM_OWN_DERIVATIVES='yes' is not a valid setting; valid choices: \['0',"
+                                         r" '1', 'cpu'\]"):
+        Speed.from_environment()
+    layer, x = Conv2d(3, 4, 3, padding=1), torch.rand(2, 3, 8, 8, requires_grad=True)
+    with second_derivatives("0"):
+        assert type(layer(x).grad_fn).__name__ == "ConvolutionBackward0"
+        with second_derivatives("1"):
+            assert type(layer(x).grad_fn).__name__ == "_ConvBackward"
+        assert type(layer(x).grad_fn).__name__ == "ConvolutionBackward0"  # the outer choice again
 
 
 def test_the_state_dict_keys_are_nn_conv2ds():
@@ -179,7 +159,6 @@ def test_the_state_dict_keys_are_nn_conv2ds():
 def test_a_padding_mode_other_than_zeros_convolves_as_nn_conv2d_does(inside):
     """A reflect-padded `Conv2d` gives nn.Conv2d's output, in and out of `second_derivatives()` (it runs nn.Conv2d's
     own forward, which pads the input itself)."""
-    use_own_derivatives(True)
     stock = torch.nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
     ours = Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
     ours.load_state_dict(stock.state_dict())
@@ -205,7 +184,6 @@ def test_group_norm_derivatives_pass_gradcheck(shape, groups, affine):
     """gradcheck and gradgradcheck (float64) of group normalisation with its own derivatives, with and without
     gains and shifts, and on inputs other than images; the input's mean far from zero, as a convolution's output may
     be."""
-    use_own_derivatives(True)
     torch.manual_seed(0)
     x = (torch.randn(shape, dtype=torch.float64) * 2 + 3).requires_grad_(True)
     w = torch.randn(shape[1], dtype=torch.float64, requires_grad=True) if affine else None
@@ -218,7 +196,6 @@ def test_group_norm_derivatives_pass_gradcheck(shape, groups, affine):
 
 def test_silu_derivatives_pass_gradcheck():
     """gradcheck and gradgradcheck (float64) of SiLU with its own derivatives, over inputs of both signs."""
-    use_own_derivatives(True)
     x = torch.linspace(-6, 6, 25, dtype=torch.float64).view(5, 5).requires_grad_(True)
     assert torch.autograd.gradcheck(lambda x: derivatives._SiLU.apply(x.view_as(x)), (x,))
     assert torch.autograd.gradgradcheck(lambda x: derivatives._SiLU.apply(x.view_as(x)), (x,))
@@ -227,7 +204,6 @@ def test_silu_derivatives_pass_gradcheck():
 def test_group_norm_and_silu_are_the_stock_layers_outside_and_their_own_inside():
     """Outside `second_derivatives()` (a sampling chain) `GroupNorm` and `silu` record the stock backward nodes;
     inside, their own, with outputs equal to the stock layers'."""
-    use_own_derivatives(True)
     layer, stock = GroupNorm(2, 4), torch.nn.GroupNorm(2, 4)
     torch.nn.init.normal_(layer.weight)
     stock.load_state_dict(layer.state_dict(), strict=True)
@@ -248,7 +224,6 @@ def test_group_norm_and_silu_are_the_stock_layers_outside_and_their_own_inside()
 def test_under_autocast_group_norm_runs_in_the_dtype_autocast_gives_it(dtype):
     """Under bfloat16 autocast `GroupNorm` returns the dtype ``nn.GroupNorm`` returns there, for a bfloat16 input
     and for a float32 one, with the same values."""
-    use_own_derivatives(True)
     layer, stock = GroupNorm(2, 4), torch.nn.GroupNorm(2, 4)
     x = torch.randn(2, 4, 5, 5, dtype=dtype, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -269,8 +244,7 @@ def test_group_norm_of_a_channels_last_input_matches_autograds_second_derivative
     x = torch.randn(3, 4, 5, 5, dtype=torch.float64).contiguous(memory_format=torch.channels_last).requires_grad_(True)
 
     def grads(own: bool) -> list[torch.Tensor]:
-        use_own_derivatives(own)
-        with second_derivatives():
+        with second_derivatives("1" if own else "0"):
             gx, gw = torch.autograd.grad(layer(x).sin().sum(), (x, layer.weight), create_graph=True)
             return list(torch.autograd.grad(gx.pow(2).sum() + gw.pow(2).sum(), (x, layer.weight, layer.bias)))
 

@@ -23,6 +23,7 @@ from composable_ebm.data import ImageDataset
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.unet import DenoisingUNetConfig, DenoisingUNetEnergy
 from composable_ebm.pipeline import plan
+from composable_ebm.pipeline import sample as pipeline_sample
 from composable_ebm.sampling import LadderConfig, SamplerConfig, SamplingDefaults, sample
 from composable_ebm.training import DenoisingConfig, Trainer, TrainerConfig
 from composable_ebm.training.denoising import DenoisingObjective, edm_weights
@@ -287,8 +288,13 @@ def test_a_ladder_and_a_chain_are_two_configs_that_name_none_of_each_others_fiel
             SamplingDefaults.from_flat({"levels": 3, **bad}, ladder=True)
     with pytest.raises(InvalidInputError, match=r"\['levels', 'sigma_max'\] belong to the other family: a model without"):
         SamplingDefaults.from_flat({"steps": 3, "levels": 3, "sigma_max": 2.0}, ladder=False)
-    with pytest.raises(InvalidInputError, match=r"unknown sampler setting\(s\) \['rounds'\]; valid settings \(a noise ladder's"):
-        sample(tiny_unet(), 2, LadderConfig(levels=2), rounds=2)
+    with pytest.raises(InvalidInputError, match=r"\['rounds'\] is a setting of a Langevin chain \(SamplerConfig\), which"
+                                                r" models without noise levels sample with; this one samples with a"
+                                                r" noise ladder \(LadderConfig\)"):
+        pipeline_sample(tiny_unet(), 2, LadderConfig(levels=2), rounds=2)
+    with pytest.raises(InvalidInputError, match=r"unknown sampler setting\(s\) \['bogus'\]; valid settings of a noise"
+                                                r" ladder \(LadderConfig\)"):
+        pipeline_sample(tiny_unet(), 2, LadderConfig(levels=2), bogus=2)
     old = {"step_size": 0.3, "noise": None, "steps": 2, "rounds": 1, "final_steps": 0, "method": "mala",
            "ladder": {"levels": 4, "sigma_max": 2.0, "first_steps": 6}, "augment": None, "clamp": False,
            "init_scale": 1, "guidance_scale": 2.0, "alone": {"steps": 3, "ladder": {"first_steps": 9}}}

@@ -229,11 +229,11 @@ def _read_backs(monkeypatch) -> list[int]:
 def test_a_chain_checks_its_labels_once_not_at_every_step(monkeypatch, steps):
     """The label indices' range check reads a labels tensor back once: a chain of 5 steps and one of 25 read the
     same number of values back (before, every energy evaluation read the smallest and largest index)."""
-    from composable_ebm.sampling import SamplerConfig, run_chain
+    from composable_ebm.sampling import SamplerConfig, algorithm2
 
     energy, labels = _Means(), {"color": torch.tensor([0, 1, 2, 1])}
     count = _read_backs(monkeypatch)
-    run_chain(energy, torch.zeros(4, 2), SamplerConfig(step_size=0.1, noise=0.01, steps=steps, clamp=False),
+    algorithm2(energy, torch.zeros(4, 2), SamplerConfig(step_size=0.1, noise=0.01, steps=steps, clamp=False),
               torch.Generator().manual_seed(0), labels)
     assert count[0] == 1
 

@@ -14,7 +14,7 @@ import torch
 
 from composable_ebm import DenoisingUNetConfig, DenoisingUNetEnergy, ResNetEnergy
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.sampling import SamplerConfig, run_chain
+from composable_ebm.sampling import SamplerConfig, algorithm2
 from composable_ebm.training import ContrastiveConfig, DenoisingConfig, Trainer, TrainerConfig
 from composable_ebm.training.denoising import DenoisingObjective
 from composable_ebm.accel import precision as arithmetic
@@ -59,7 +59,7 @@ def test_bfloat16_langevin_chain_ends_where_the_float32_chain_ends():
     for steps in (1, 10):
         for precision in ("float32", "bfloat16"):
             config = SamplerConfig(step_size=10.0, noise=0.005, steps=10, precision=precision)
-            ends[precision, steps] = run_chain(model, start.clone(), config, torch.Generator().manual_seed(2),
+            ends[precision, steps] = algorithm2(model, start.clone(), config, torch.Generator().manual_seed(2),
                                                num_steps=steps).x
     assert ends["bfloat16", 10].dtype == torch.float32
     assert (ends["float32", 1] - start).abs().max() > 0.2  # the chain moved, so agreeing is not trivial
@@ -119,7 +119,7 @@ def test_a_cpu_without_bfloat16_trains_and_samples_in_float32_with_one_warning(m
         config = SamplerConfig(step_size=10.0, noise=0.005, steps=3, precision=precision)
         with pytest.warns(RuntimeWarning, match="this CPU has no bfloat16 arithmetic; sampling in float32") \
                 if precision == "bfloat16" else contextlib.nullcontext():
-            ends[precision] = run_chain(model, start.clone(), config, torch.Generator().manual_seed(2)).x
+            ends[precision] = algorithm2(model, start.clone(), config, torch.Generator().manual_seed(2)).x
     assert torch.equal(ends["bfloat16"], ends["float32"])
     assert not torch.equal(ends["float32"], start)
 

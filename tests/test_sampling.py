@@ -319,18 +319,18 @@ def test_a_recipe_records_only_its_own_attributes_as_preserved_by_its_augmentati
 def test_the_differentiable_last_step_ends_a_chain_where_the_whole_chain_ends():
     """A chain of T steps, and T - 1 steps then `differentiable_last_step` (the trainer's way), reach the
     same positions from the same generator; without an observer the last position is left unevaluated."""
-    from composable_ebm.sampling import differentiable_last_step, run_chain
+    from composable_ebm.sampling import algorithm2, differentiable_last_step
 
     energy = GaussianEnergy(MEAN, COV)
     config = SamplerConfig(step_size=0.1, noise=0.2, steps=5)
     x0 = torch.zeros(8, 2)
     seen = []
-    whole = run_chain(energy, x0, config, torch.Generator().manual_seed(3), on_step=lambda *a: seen.append(a[0]))
+    whole = algorithm2(energy, x0, config, torch.Generator().manual_seed(3), on_step=lambda *a: seen.append(a[0]))
     assert seen == [1, 2, 3, 4, 5] and whole.state is not None
-    unobserved = run_chain(energy, x0, config, torch.Generator().manual_seed(3))
+    unobserved = algorithm2(energy, x0, config, torch.Generator().manual_seed(3))
     assert unobserved.state is None and torch.equal(unobserved.x, whole.x)
     gen = torch.Generator().manual_seed(3)
-    head = run_chain(energy, x0, config, gen, num_steps=4)
+    head = algorithm2(energy, x0, config, gen, num_steps=4)
     x_hat, start = differentiable_last_step(energy, head.x, config, gen, create_graph=False)
     assert torch.equal(x_hat, whole.x) and torch.equal(start.x, head.x)
     assert not torch.equal(x_hat, head.x)  # it moved
@@ -341,29 +341,29 @@ def default_config(energy):
     return default_settings(energy).sampler
 
 
-def test_cuda_graphs_switch_leaves_a_cpu_chain_as_it_was_and_takes_only_true_or_false(color_model):
+def test_cuda_graphs_setting_leaves_a_cpu_chain_as_it_was_and_is_read_when_a_run_starts(color_model, monkeypatch):
     """The chain's graph replay applies on CUDA devices only (tests/test_cuda.py compares it with the eager chain
-    there): on the CPU the switch changes nothing, bit for bit, for a Langevin and a MALA chain with labels."""
+    there): on the CPU the setting changes nothing, bit for bit, for a Langevin and a MALA chain with labels. It is
+    the run's `Speed`, given or read from ``CEBM_CUDA_GRAPHS`` when the run starts; another value is one line."""
+    from composable_ebm.accel.graphs import MIN_STEPS
     from composable_ebm.accel.labels import as_index
+    from composable_ebm.accel.settings import Speed
+    from composable_ebm.errors import InvalidInputError
+    from composable_ebm.sampling import SamplerConfig
     from composable_ebm.sampling import sample as run
-    from composable_ebm.accel.graphs import MIN_STEPS, enabled, use_cuda_graphs
 
     randomize(color_model)
     energy = color_model.condition(color="red")
-    before = enabled()
-    try:
-        for method in ("langevin", "mala"):
-            results = []
-            for on in (False, True):
-                use_cuda_graphs(on)
-                results.append(run(energy, n=6, seed=0, steps=MIN_STEPS + 2, step_size=1.0, noise=0.01,
-                                   method=method))
-            assert torch.equal(results[0].samples, results[1].samples)
-            assert torch.equal(results[0].diagnostics.energy, results[1].diagnostics.energy)
-        with pytest.raises(TypeError, match="true or false"):
-            use_cuda_graphs("yes")
-    finally:
-        use_cuda_graphs(before)
+    for method in ("langevin", "mala"):
+        chain = SamplerConfig(steps=MIN_STEPS + 2, step_size=1.0, noise=0.01, method=method)
+        results = [run(energy, 6, chain, seed=0, speed=Speed(cuda_graphs=on)) for on in (False, True)]
+        assert torch.equal(results[0].samples, results[1].samples)
+        assert torch.equal(results[0].diagnostics.energy, results[1].diagnostics.energy)
+    monkeypatch.setenv("CEBM_CUDA_GRAPHS", "0")
+    assert Speed.from_environment().cuda_graphs is False
+    monkeypatch.setenv("CEBM_CUDA_GRAPHS", "yes")
+    with pytest.raises(InvalidInputError, match=r"CEBM_CUDA_GRAPHS='yes' is not a valid setting; valid choices"):
+        run(energy, 2, SamplerConfig(steps=1), seed=0)
     # label values become long tensors as before: an integer is filled in, a tensor or a list converted
     assert as_index(2, torch.device("cpu")).dtype == torch.long and int(as_index(2, torch.device("cpu"))) == 2
     assert as_index([0, 2], torch.device("cpu")).tolist() == [0, 2]

@@ -17,7 +17,7 @@ from torch import nn
 
 from composable_ebm import AttributeClassifier, ClassifierConfig, GaussianEnergy, MLPConfig, MLPEnergy
 from composable_ebm.errors import ModelFileError
-from composable_ebm.persistence import Pretrained
+from composable_ebm.pretrained import Pretrained
 from composable_ebm.models import load_model
 from composable_ebm.model_types import register
 
@@ -25,18 +25,19 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "composable_ebm"
 
 
-LAZY_IMPORTS = {("composable_ebm.energy", "Energy.sample_result", "composable_ebm.pipeline"),
-                *(("composable_ebm.persistence", f"Pretrained.{method}", "composable_ebm.models")
-                  for method in ("save_pretrained", "push_to_hub", "from_pretrained"))}
+SAMPLE_IMPORT = ("composable_ebm.energy", "Energy.sample_result", "composable_ebm.pipeline")
+"""``Energy.sample`` reaches the pipeline when it is called (DESIGN.md): the one import that closes a cycle."""
+LAZY_IMPORTS = {SAMPLE_IMPORT, *(("composable_ebm.pretrained", f"Pretrained.{method}", "composable_ebm.models")
+                                 for method in ("save_pretrained", "push_to_hub", "from_pretrained"))}
 """The imports of a higher layer made inside a function when it is called, each documented where it stands:
-``Energy.sample`` reaches the pipeline this way (DESIGN.md), and the `Pretrained` mixin's methods, which every
-network inherits, reach the model sources (so importing a network imports neither the Hub nor the cards). Every
-other import counts in the graph."""
+``Energy.sample``'s, and the `Pretrained` mixin's methods, which every network inherits, reaching the model sources
+(so importing a network imports neither the Hub nor the cards). The layers' test leaves them out; the cycle test
+counts every import but ``Energy.sample``'s."""
 
 
-def _lazy_nodes(tree: ast.Module, module: str) -> set[int]:
-    """The import statements of ``tree`` that `LAZY_IMPORTS` allows, by id."""
-    allowed = {(qualname, target) for m, qualname, target in LAZY_IMPORTS if m == module}
+def _lazy_nodes(tree: ast.Module, module: str, lazy: frozenset = frozenset(LAZY_IMPORTS)) -> set[int]:
+    """The import statements of ``tree`` that ``lazy`` (default `LAZY_IMPORTS`) allows, by id."""
+    allowed = {(qualname, target) for m, qualname, target in lazy if m == module}
     found = set()
     for cls in [n for n in tree.body if isinstance(n, ast.ClassDef)]:
         for fn in [n for n in cls.body if isinstance(n, ast.FunctionDef)]:
@@ -47,9 +48,9 @@ def _lazy_nodes(tree: ast.Module, module: str) -> set[int]:
 
 
 @functools.cache
-def import_graph(type_checking: bool = True) -> dict[str, set[str]]:
+def import_graph(type_checking: bool = True, lazy: frozenset = frozenset(LAZY_IMPORTS)) -> dict[str, set[str]]:
     """Module -> the package modules it imports anywhere (in functions too, and under ``if TYPE_CHECKING:`` unless
-    ``type_checking`` is false), but for the documented `LAZY_IMPORTS`."""
+    ``type_checking`` is false), but for the documented imports ``lazy`` names."""
     modules = {}
     for path in PACKAGE.rglob("*.py"):
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
@@ -60,7 +61,7 @@ def import_graph(type_checking: bool = True) -> dict[str, set[str]]:
         skipped = set() if type_checking else {
             id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
             for stmt in node.body for n in ast.walk(stmt)}
-        skipped |= _lazy_nodes(tree, name)
+        skipped |= _lazy_nodes(tree, name, lazy)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets = set()
         for node in ast.walk(tree):
@@ -78,9 +79,10 @@ def import_graph(type_checking: bool = True) -> dict[str, set[str]]:
     return graph
 
 
-def test_the_package_has_no_import_cycle():
-    """No cycle, counting the imports under ``if TYPE_CHECKING:`` too."""
-    graph = import_graph()
+def test_the_only_import_cycle_is_energy_sample_reaching_the_pipeline():
+    """No cycle, counting every import, in functions and under ``if TYPE_CHECKING:`` too, but ``Energy.sample``'s
+    documented one (`SAMPLE_IMPORT`)."""
+    graph = import_graph(lazy=frozenset({SAMPLE_IMPORT}))
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
     def visit(module: str, path: list[str]) -> None:

@@ -21,16 +21,16 @@ The layers do so inside `second_derivatives()`, which the denoising loss enters;
 first derivatives only) they run as ``nn.Conv2d``, ``nn.GroupNorm`` and ``F.silu`` do, without the Python-level
 derivatives' overhead per call. The KL loss's last Langevin step does not enter it: the contrastive-divergence
 recipes' small batches measured no faster with the convolutions' own. Each computes only the gradients the current
-backward pass asks for. It is on by default on the CPU, where it was measured; `use_own_derivatives` (or
-``CEBM_OWN_DERIVATIVES``: ``0`` off, ``1`` on every device, ``cpu`` the default) chooses. The forward passes are the
-backend's own, at the dtype autocast would run them in.
+backward pass asks for. It is on by default on the CPU, where it was measured; the run's
+`composable_ebm.accel.settings.Speed` (``CEBM_OWN_DERIVATIVES``: ``0`` off, ``1`` on every device, ``cpu`` the
+default, read when the run starts) chooses, and the loss passes its choice to `second_derivatives`. The forward
+passes are the backend's own, at the dtype autocast would run them in.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 from collections.abc import Iterator
 
@@ -39,49 +39,30 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.grad import conv2d_input, conv2d_weight
 
-_CHOICES = ("0", "1", "cpu")
-_setting = os.environ.get("CEBM_OWN_DERIVATIVES", "cpu")
-if _setting not in _CHOICES:
-    raise ValueError(f"CEBM_OWN_DERIVATIVES={_setting!r} is not a valid setting; valid choices: {list(_CHOICES)}"
-                     " (0: off, 1: on every device, cpu: on the CPU only)")
-
 _will_execute = getattr(torch._C, "_will_engine_execute_node", None)  # absent: every gradient asked for is computed
-
-
-def use_own_derivatives(enabled: bool | str) -> None:
-    """Switch the layers' own derivatives on (``True``: every device), off (``False``: autograd's formulas), or on
-    the CPU only (``"cpu"``, the default unless ``CEBM_OWN_DERIVATIVES`` says otherwise) for this process."""
-    global _setting
-    choices = {True: "1", False: "0", "cpu": "cpu"}
-    if not isinstance(enabled, (bool, str)) or enabled not in choices:
-        raise ValueError(f"use_own_derivatives takes True, False or 'cpu', got {enabled!r}")
-    _setting = choices[enabled]
-
 
 _scope = threading.local()
 
 
 @contextlib.contextmanager
-def second_derivatives() -> Iterator[None]:
-    """Within it, `Conv2d`, `GroupNorm` and `silu` record their own derivatives (where `own_derivatives` holds):
-    enter it around an energy evaluation whose input gradient will be differentiated again."""
-    _scope.depth = getattr(_scope, "depth", 0) + 1
+def second_derivatives(where: str = "cpu") -> Iterator[None]:
+    """Within it, `Conv2d`, `GroupNorm` and `silu` record their own derivatives on the devices ``where`` names (a
+    run's ``Speed.own_derivatives``: ``cpu``, ``1`` every device, ``0`` none): enter it around an energy evaluation
+    whose input gradient will be differentiated again. The choice holds in this thread, inside the block only."""
+    outer = getattr(_scope, "where", "0")
+    _scope.where = where
     try:
         yield
     finally:
-        _scope.depth -= 1
-
-
-def own_derivatives(device_type: str) -> bool:
-    """Whether the layers on a device of this type (``"cpu"``, ``"cuda"``, ...) use their own derivatives."""
-    return _setting == "1" or (_setting == "cpu" and device_type == "cpu")
+        _scope.where = outer
 
 
 def _recording(x: Tensor, *params: Tensor | None) -> bool:
     """Whether a layer applied to ``x`` with ``params`` records its own derivatives here: inside
-    `second_derivatives()`, with a gradient being recorded through it, where `own_derivatives` holds for ``x``'s
-    device, and not while ``torch.compile`` traces it."""
-    return (getattr(_scope, "depth", 0) > 0 and torch.is_grad_enabled() and own_derivatives(x.device.type)
+    `second_derivatives` with them on, with a gradient being recorded through it, and not while ``torch.compile``
+    traces it."""
+    where = getattr(_scope, "where", "0")
+    return ((where == "1" or (where == "cpu" and x.device.type == "cpu")) and torch.is_grad_enabled()
             and not torch.compiler.is_compiling()
             and (x.requires_grad or any(p is not None and p.requires_grad for p in params)))
 

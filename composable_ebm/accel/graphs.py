@@ -7,8 +7,8 @@ transition's kernels once and launches them all with one call. The chain's rando
 
 It applies where every one of these holds, and the chain runs eagerly otherwise, with the same results:
 
-- `enabled()` (on by default; ``use_cuda_graphs(False)`` or the environment variable ``CEBM_CUDA_GRAPHS=0`` turns
-  it off);
+- the run asks for it: `composable_ebm.accel.settings.Speed.cuda_graphs`, on unless the environment variable
+  ``CEBM_CUDA_GRAPHS=0`` says otherwise when the run starts;
 - the chain is on a CUDA device and at least `MIN_STEPS` transitions run with one setting;
 - the capture succeeds. It fails, for instance, for an energy that reads a value back to the host inside its
   forward; the chain then runs eagerly (its generator draws on as it would have), that energy is not captured
@@ -22,24 +22,19 @@ generator (the same object: a trainer's, not a new one per `sample` call) and th
 Labels are copied into the graph's own buffers before each run.
 
 `capture` is the capture itself (warm-up, the generator registered, its state left as before), which the trainer
-also uses for a denoising iteration's loss and backward pass. The chain runners (`composable_ebm.sampling`) call
-`transitions`; this module imports none of them.
+also uses for a denoising iteration's loss and backward pass. The chains' loop (`composable_ebm.sampling.chain`) asks
+`replayer` for a graph; this module knows neither chains nor energies (it captures whatever step it is handed).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
-
-if TYPE_CHECKING:  # pragma: no cover; the chain's records are the sampler's, which calls this module
-    from composable_ebm.energy import Labels
-    from composable_ebm.sampling.transitions import ChainState, SamplerConfig, StepInfo
 
 T = TypeVar("T")
 
@@ -47,43 +42,24 @@ MIN_STEPS = 8
 """fewer identical transitions than this run eagerly: the capture costs about three eager transitions"""
 MAX_GRAPHS_PER_ENERGY = 4
 
-_enabled = os.environ.get("CEBM_CUDA_GRAPHS", "1") != "0"
 _cache: weakref.WeakKeyDictionary[Any, dict[tuple, _Graph]] = weakref.WeakKeyDictionary()
 _failed: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()  # energies whose capture failed
 _warned: set[str] = set()
-
-
-def use_cuda_graphs(enabled: bool) -> None:
-    """Switch the replay of chains (and of a denoising trainer's iterations, `composable_ebm.training.Trainer`) from
-    CUDA graphs on or off for this process (it is on unless the environment variable ``CEBM_CUDA_GRAPHS=0`` switched
-    it off at import)."""
-    global _enabled
-    if not isinstance(enabled, bool):
-        raise TypeError(f"use_cuda_graphs takes true or false, got {enabled!r}")
-    _enabled = enabled
-    if not enabled:
-        _cache.clear()
-        _failed.clear()
-
-
-def enabled() -> bool:
-    """Whether chains on a CUDA device are replayed from CUDA graphs."""
-    return _enabled
 
 
 class _Graph:
     """One transition captured for one energy, batch shape, setting, generator and set of labels: its state buffers
     are advanced in place by each replay."""
 
-    def __init__(self, step_fn: Callable, energy: Any, state: ChainState, config: SamplerConfig,
-                 generator: torch.Generator, labels: Labels | None) -> None:
+    def __init__(self, step_fn: Callable, energy: Any, state: Any, config: Any,
+                 generator: torch.Generator, labels: Any) -> None:
         self.generator = generator  # held, so no later generator takes its id while the graph is kept
         self.state = dataclasses.replace(state, x=state.x.detach().clone(), energy=state.energy.detach().clone(),
                                          grad=state.grad.detach().clone())
         self.labels = ({k: torch.as_tensor(v, device=state.x.device).clone() for k, v in labels.items()}
                        if labels else None)
 
-        def transition() -> StepInfo:
+        def transition() -> Any:
             new, info = step_fn(energy, self.state, config, generator, self.labels)
             self.state.x.copy_(new.x)
             self.state.energy.copy_(new.energy)
@@ -92,7 +68,7 @@ class _Graph:
 
         self.graph, self.info = capture(transition, generator, state.x.device)  # `load` sets the state before a run
 
-    def load(self, state: ChainState, labels: Labels | None) -> None:
+    def load(self, state: Any, labels: Any) -> None:
         self.state.x.copy_(state.x)
         self.state.energy.copy_(state.energy)
         self.state.grad.copy_(state.grad)
@@ -103,7 +79,7 @@ class _Graph:
         """One transition: the state buffers advance in place."""
         self.graph.replay()
 
-    def snapshot(self) -> tuple[ChainState, StepInfo]:
+    def snapshot(self) -> tuple[Any, Any]:
         """Copies of the state and of the last transition's diagnostics (the next replay overwrites the buffers)."""
         state = dataclasses.replace(self.state, x=self.state.x.clone(), energy=self.state.energy.clone(),
                                     grad=self.state.grad.clone())
@@ -154,8 +130,7 @@ def _forget(generator: torch.Generator) -> None:
             del graphs[key]
 
 
-def _key(energy: Any, state: ChainState, config: SamplerConfig, generator: torch.Generator,
-         labels: Labels | None, step_fn: Callable) -> tuple:
+def _key(energy: Any, state: Any, config: Any, generator: torch.Generator, labels: Any, step_fn: Callable) -> tuple:
     owner, view = _identity(energy)
     tensors = [*owner.parameters(), *owner.buffers()] if isinstance(owner, torch.nn.Module) else []
     label_key = tuple(sorted((k, tuple(torch.as_tensor(v).shape)) for k, v in labels.items())) if labels else ()
@@ -169,8 +144,8 @@ def _identity(energy: Any) -> tuple[Any, Any]:
     return energy.graph_identity() if hasattr(energy, "graph_identity") else (energy, None)
 
 
-def _graph_for(step_fn: Callable, energy: Any, state: ChainState, config: SamplerConfig, generator: torch.Generator,
-               labels: Labels | None) -> _Graph | None:
+def _graph_for(step_fn: Callable, energy: Any, state: Any, config: Any, generator: torch.Generator,
+               labels: Any) -> _Graph | None:
     owner, _ = _identity(energy)
     try:
         if owner in _failed:
@@ -205,25 +180,11 @@ def _graph_for(step_fn: Callable, energy: Any, state: ChainState, config: Sample
     return graph
 
 
-def transitions(step_fn: Callable, energy: Any, state: ChainState, config: SamplerConfig, generator: torch.Generator,
-                labels: Labels | None, count: int, on_step: Callable[[int, ChainState, StepInfo], None] | None = None,
-                done: int = 0) -> tuple[ChainState, int]:
-    """``count`` transitions ``step_fn(energy, state, config, generator, labels)`` from ``state``, calling
-    ``on_step(step, state, info)`` after each (steps counted on from ``done``); replayed from a CUDA graph where this
-    module's conditions hold. Returns the last state and the step count."""
-    graph = None
-    if _enabled and count >= MIN_STEPS and state.x.is_cuda:
-        graph = _graph_for(step_fn, energy, state, config, generator, labels)
-    if graph is None:
-        for _ in range(count):
-            state, info = step_fn(energy, state, config, generator, labels)
-            done += 1
-            if on_step is not None:
-                on_step(done, state, info)
-        return state, done
-    for _ in range(count):
-        graph.replay()
-        done += 1
-        if on_step is not None:
-            on_step(done, *graph.snapshot())
-    return graph.snapshot()[0], done
+def replayer(step_fn: Callable, energy: Any, state: Any, config: Any, generator: torch.Generator, labels: Any,
+             count: int) -> _Graph | None:
+    """A graph of one transition ``step_fn(energy, state, config, generator, labels)`` loaded with ``state``, for a run
+    of ``count`` of them: ``None`` where the run is too short or off a CUDA device, or the capture failed (the
+    caller then runs the transitions eagerly, with the same results)."""
+    if count < MIN_STEPS or not state.x.is_cuda:
+        return None
+    return _graph_for(step_fn, energy, state, config, generator, labels)

@@ -215,12 +215,41 @@ def _parse_bindings(items: list[str]) -> dict[str, str]:
 
 
 SAMPLER_SETTINGS = ("steps", "rounds", "step_size", "precision", "method", "noise")
-"""The sampling commands' options that override the model's sampler settings (checked by ``SamplerConfig``)."""
+"""The sampling commands' options that override the model's sampler settings (checked by its chain)."""
+
+CHAIN_FIELDS = ("step_size", "noise", "steps", "rounds", "final_steps", "method", "leapfrog", "augment", "clamp",
+                "precision", "init_scale", "adapt", "target_acceptance")
+"""A Langevin chain's settings (`composable_ebm.sampling.SamplerConfig`), written out so that ``--help`` imports no
+torch; tests/test_cli.py checks that they agree."""
+LADDER_FIELDS = ("levels", "sigma_min", "sigma_max", "spacing", "method", "steps", "step_size", "predictor", "churn",
+                 "denoise", "first_steps", "final_steps", "leapfrog", "precision")
+"""A noise ladder's settings (`composable_ebm.sampling.LadderConfig`), likewise."""
 
 
-def _overrides(**given: Any) -> dict:
-    """The sampler settings given on the command line, the rest left to the model."""
-    return {k: v for k, v in given.items() if k in SAMPLER_SETTINGS and v is not None}
+def _overrides(set_: list[str] | None = None, **given: Any) -> dict:
+    """The sampler settings given on the command line (its options and ``--set KEY=VALUE``), the rest left to the
+    model; a setting given twice is one line."""
+    out = {k: v for k, v in given.items() if k in SAMPLER_SETTINGS and v is not None}
+    for item in set_ or []:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise InvalidInputError(f"--set takes KEY=VALUE (e.g. --set levels=12), got {item!r}")
+        if key in out:
+            raise InvalidInputError(f"{key} is given twice (--set {item} and another option); give it once")
+        out[key] = _setting_value(text.strip())
+    return out
+
+
+def _setting_value(text: str) -> Any:
+    """A ``--set`` value as TOML reads it (``12``, ``0.5``, ``true``, ``"exact"``, ``[0.5, 1.0]``, ``{crop_scale =
+    [0.5, 1.0]}``), else the text itself (``--set method=mala``)."""
+    import tomllib
+
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def _noise(text: str | None) -> float | str | None:
@@ -239,14 +268,22 @@ def _noise(text: str | None) -> float | str | None:
 Precision = Literal["float32", "bfloat16"]
 Form = Literal["auto", "plain", "guided"]
 
-StepsOpt = Annotated[Optional[int], typer.Option(min=1, help="Langevin steps per round (default: the model's).")]
-RoundsOpt = Annotated[Optional[int], typer.Option(min=1, help="Augmentation rounds (Algorithm 2).")]
-StepSizeOpt = Annotated[Optional[float], typer.Option("--step-size", min=0.0, help="Langevin step size.")]
+StepsOpt = Annotated[Optional[int], typer.Option(min=1, help="Both families: transitions per round (a Langevin chain)"
+                                                               " or per level (a noise ladder); default: the model's.")]
+RoundsOpt = Annotated[Optional[int], typer.Option(min=1, help="A Langevin chain's: augmentation rounds (Algorithm 2).")]
+StepSizeOpt = Annotated[Optional[float], typer.Option("--step-size", min=0.0, help="Both families: the step size (a"
+                                                      " ladder's is per sigma^2).")]
+SetOpt = Annotated[list[str], typer.Option(
+    "--set", metavar="KEY=VALUE",
+    help="Any setting of the model's chain (repeatable). A Langevin chain (SamplerConfig; models without noise levels):"
+         f" {', '.join(CHAIN_FIELDS)}. A noise ladder (LadderConfig; noise-conditioned models): {', '.join(LADDER_FIELDS)}."
+         " The other family's is one line naming it.")]
 PrecisionOpt = Annotated[Optional[Precision], typer.Option(help="Autocast for the energy (default: the model's).")]
 MethodOpt = Annotated[Optional[str], typer.Option(
     help="Sampler: langevin, mala, or another registered method (default: the model's).")]
 NoiseOpt = Annotated[Optional[str], typer.Option(parser=_noise, metavar="NUMBER|exact",
-                                                 help="Noise std per step, or 'exact' for sqrt(2 * step size).")]
+                                                 help="A Langevin chain's: noise std per step, or 'exact' for"
+                                                      " sqrt(2 * step size) (a ladder's noise is always exact).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
 ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
 FormOpt = Annotated[Form, typer.Option(

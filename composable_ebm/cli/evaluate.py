@@ -38,16 +38,15 @@ def eval_compose(
     Example: cebm eval compose "shapes-color[color=red] + shapes-shape[shape=circle]" --classifier shapes-classifier -t color=red -t shape=circle
     """
     from composable_ebm.evaluation import compositional_accuracy
-    from composable_ebm.pipeline import composed
-    from composable_ebm.pipeline import sample as run_pipeline
+    from composable_ebm.pipeline import plan, run
 
     dev = _device(device)
     energy = _load_expression(expression, dev, refresh)
     clf = _load_classifier(classifier, dev, refresh)
-    samples = run_pipeline(energy, n, form=form, seed=seed, progress=True,
-                           **_overrides(steps=steps, rounds=rounds, step_size=step_size)).samples
+    chosen = plan(energy, form, **_overrides(steps=steps, rounds=rounds, step_size=step_size))
+    samples = run(chosen, n, seed=seed, progress=True).samples
     score = compositional_accuracy(samples, clf, _parse_bindings(target))
-    typer.echo(json.dumps({"expression": composed(energy, form).expression(), "n": score.n, "per_attribute": score.per_attribute,
+    typer.echo(json.dumps({"expression": chosen.energy.expression(), "n": score.n, "per_attribute": score.per_attribute,
                            "joint": score.joint}, indent=2))
 
 
@@ -121,49 +120,59 @@ def eval_ood(
     \b
     Example: cebm eval ood shapes-color -c color=red --in shapes --out noise
     """
-    import dataclasses
-
-    import torch
-    import torch.nn.functional as F
-
-    from composable_ebm.configs import config_from_dict
-    from composable_ebm.data import DATASETS
     from composable_ebm.evaluation import ood_auroc
-    from composable_ebm.images import load_image_folder
 
     energy = _load_energy(model, _device(device))
     bindings = _parse_bindings(condition)
     if bindings:
         energy = energy.condition(**bindings)
-    c, h, w = energy.input_shape
+    shape = tuple(energy.input_shape)
+    typer.echo(json.dumps({"auroc": ood_auroc(energy, _ood_images(in_data, shape, n, seed),
+                                              _ood_images(out_data, shape, n, seed + 1)), "n": n}))
 
-    registered_names = DATASETS.names()
 
-    def registered(name: str, offset: int) -> torch.Tensor:
-        if name not in registered_names:
-            raise InvalidInputError(f"unknown data {name!r}; valid choices: a registered dataset"
-                                    f" ({', '.join(registered_names)}), noise, or a folder of images")
-        cls = DATASETS.get(name)
-        fields = {f.name for f in dataclasses.fields(cls)}
-        given = {k: v for k, v in {"n": n, "size": h, "seed": seed + offset}.items() if k in fields}
-        data = config_from_dict(cls, given).build()
-        x = getattr(data, "images", None)
-        if x is None or x.ndim != 4:
-            raise InvalidInputError(f"{name} is not a dataset of images; valid choices: an image dataset"
-                                    f" ({', '.join(registered_names)}), noise, or a folder of images")
-        x = x[:n]
-        return x.float() / 255 if x.dtype == torch.uint8 else x.float()
+def _ood_images(name: str, shape: tuple[int, int, int], n: int, seed: int) -> torch.Tensor:
+    """``n`` images of ``name`` (noise, a folder, or a registered dataset drawn at ``seed``) in ``shape``: resized,
+    grey read as its luminance where the model takes one channel."""
+    import torch
+    import torch.nn.functional as F
 
-    def images(name: str, offset: int) -> torch.Tensor:
-        if name == "noise":
-            x = torch.rand(n, c, h, w, generator=torch.Generator().manual_seed(seed + offset))
-        elif Path(name).is_dir():
-            x = load_image_folder(name, size=h, limit=n)
-        else:
-            x = registered(name, offset)
-        if c == 1 and x.shape[1] == 3:  # a grey model reads the images' luminance
-            x = (0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:]).clamp(0, 1)
-        x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False) if x.shape[-1] != w else x
-        return x.expand(-1, c, -1, -1) if x.shape[1] == 1 and c == 3 else x[:, :c]
+    from composable_ebm.images import load_image_folder
 
-    typer.echo(json.dumps({"auroc": ood_auroc(energy, images(in_data, 0), images(out_data, 1)), "n": n}))
+    c, h, w = shape
+    if name == "noise":
+        x = torch.rand(n, c, h, w, generator=torch.Generator().manual_seed(seed))
+    elif Path(name).is_dir():
+        x = load_image_folder(name, size=h, limit=n)
+    else:
+        x = _registered_images(name, n, h, seed)
+    if c == 1 and x.shape[1] == 3:  # a grey model reads the images' luminance
+        x = (0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:]).clamp(0, 1)
+    x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False) if x.shape[-1] != w else x
+    return x.expand(-1, c, -1, -1) if x.shape[1] == 1 and c == 3 else x[:, :c]
+
+
+def _registered_images(name: str, n: int, size: int, seed: int) -> torch.Tensor:
+    """``n`` images of a registered dataset drawn with its own defaults and, where its settings have them, ``n``,
+    ``size`` and ``seed``; one line for a name that is none, or a dataset of no images."""
+    import dataclasses
+
+    import torch
+
+    from composable_ebm.configs import config_from_dict
+    from composable_ebm.data import DATASETS
+
+    names = DATASETS.names()
+    if name not in names:
+        raise InvalidInputError(f"unknown data {name!r}; valid choices: a registered dataset ({', '.join(names)}),"
+                                " noise, or a folder of images")
+    cls = DATASETS.get(name)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    data = config_from_dict(cls, {k: v for k, v in {"n": n, "size": size, "seed": seed}.items() if k in fields}).build()
+    x = getattr(data, "images", None)
+    if x is None or x.ndim != 4:
+        raise InvalidInputError(f"{name} is not a dataset of images; valid choices: an image dataset"
+                                f" ({', '.join(names)}), noise, or a folder of images")
+    x = x[:n]
+    return x.float() / 255 if x.dtype == torch.uint8 else x.float()
+

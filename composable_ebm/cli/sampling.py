@@ -11,7 +11,7 @@ import typer
 
 from composable_ebm.cli.common import (
     CountOpt, DeviceOpt, FormOpt, MethodOpt, NoiseOpt, PrecisionOpt, ProgressOpt, RefreshOpt, RoundsOpt, ScaleOpt,
-    StepSizeOpt, StepsOpt, ExpressionCommand, _device, _load_energy, _load_expression, _overrides, _parse_bindings, app,
+    SetOpt, StepSizeOpt, StepsOpt, ExpressionCommand, _device, _load_energy, _load_expression, _overrides, _parse_bindings, app,
 )
 from composable_ebm.errors import InvalidInputError
 
@@ -29,6 +29,7 @@ def _sampling_options() -> list[inspect.Parameter]:
         "precision": (PrecisionOpt, None),
         "method": (MethodOpt, None),
         "noise": (NoiseOpt, None),
+        "set_": (SetOpt, []),
         "device": (DeviceOpt, None),
         "scale": (ScaleOpt, None),
         "refresh": (RefreshOpt, False),
@@ -59,12 +60,13 @@ def compose(
     \b
     Example: cebm compose "shapes-color[color=red] + shapes-shape[shape=circle]" -n 16 -o grid.png
     """
-    from composable_ebm.pipeline import composed
+    from composable_ebm.pipeline import plan
 
     _check_outputs(output, options["chain"])
     energy = _load_expression(expression, _device(options["device"]), options["refresh"])
-    typer.echo(f"sampling {composed(energy, form).expression()}")
-    _sample_to_files(energy, output, form=form, **options)
+    chosen = plan(energy, form, **_overrides(**options))
+    typer.echo(f"sampling {chosen.energy.expression()}")
+    _sample_to_files(chosen, output, **options)
 
 
 @app.command()
@@ -81,10 +83,13 @@ def sample(
     \b
     Example: cebm sample shapes-color --condition color=blue -n 16 -o blue.png --steps 80
     """
+    from composable_ebm.pipeline import plan
+
     _check_outputs(output, options["chain"])
     energy = _load_energy(model, _device(options["device"]), options["refresh"])
     bindings = _parse_bindings(condition)
-    _sample_to_files(energy.condition(**bindings) if bindings else energy, output, **options)
+    _sample_to_files(plan(energy.condition(**bindings) if bindings else energy, **_overrides(**options)), output,
+                     **options)
 
 
 def _check_outputs(output: Path, chain: Path | None) -> None:
@@ -98,20 +103,23 @@ def _check_outputs(output: Path, chain: Path | None) -> None:
             raise InvalidInputError(f"--chain and --output are both {output}; the chain strip would replace the grid")
 
 
-def _sample_to_files(energy, output: Path, *, n: int, seed: int, chain: Path | None, scale: int | None, progress: bool,
-                     form: str = "auto", **options: Any) -> None:
-    """Sample ``energy`` through the pipeline with the command's sampler settings and write the grid (and the chain
-    strip)."""
+def _sample_to_files(chosen, output: Path, *, n: int, seed: int, chain: Path | None, scale: int | None,
+                     progress: bool, **options: Any) -> None:
+    """Run a plan (`composable_ebm.pipeline.plan`: the energy in its form, its settings decided) and write the grid
+    (and the chain strip)."""
     from composable_ebm.images import save_chain_strip, save_image_grid, save_scatter
-    from composable_ebm.pipeline import sample as run_pipeline
+    from composable_ebm.pipeline import run
 
-    overrides = _overrides(**options)
+    energy = chosen.energy
     images = len(energy.input_shape) == 3
     if chain is not None and not images:
         raise ValueError(f"--chain draws image strips; this energy takes inputs of shape {energy.input_shape}")
-    total = (overrides.get("steps") or 0) * (overrides.get("rounds") or 1)
-    keep = max(1, total // 10) if chain is not None and total else (4 if chain is not None else 0)
-    result = run_pipeline(energy, n, form=form, seed=seed, progress=progress, keep_every=keep, **overrides)
+    total = chosen.config.total_steps
+    keep = (max(1, total // 10) if total else 1) if chain is not None else 0
+    result = run(chosen, n, seed=seed, progress=progress, keep_every=keep)
+    if result.config.step_size != chosen.config.step_size:
+        typer.echo(f"the step size adapted to {result.config.step_size:.3g} (from {chosen.config.step_size:g}) over"
+                   f" {chosen.config.adapt} transitions")
     if images:
         save_image_grid(result.samples, output, scale=scale)
     elif energy.input_shape == (2,):

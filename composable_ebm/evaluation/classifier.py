@@ -20,7 +20,7 @@ from composable_ebm.energy import value_index
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.images import as_float_images
 from composable_ebm.model_types import register
-from composable_ebm.persistence import Pretrained
+from composable_ebm.pretrained import Pretrained
 
 if TYPE_CHECKING:  # pragma: no cover; the data layer is only named in annotations
     from composable_ebm.data.base import ImageDataset

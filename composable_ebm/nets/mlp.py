@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from composable_ebm.configs import JSONConfig, check_attributes, check_size
 from composable_ebm.energy import Energy, Labels
 from composable_ebm.model_types import register
-from composable_ebm.persistence import Pretrained
+from composable_ebm.pretrained import Pretrained
 
 
 @dataclass(frozen=True)

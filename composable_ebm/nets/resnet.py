@@ -29,7 +29,7 @@ from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.layers import AttributeCodes, Norm, ResBlock, SelfAttention, Swish, conv
 from composable_ebm.nets.transforms import apply, build_transforms
 from composable_ebm.model_types import register
-from composable_ebm.persistence import Pretrained
+from composable_ebm.pretrained import Pretrained
 
 
 @dataclass(frozen=True)

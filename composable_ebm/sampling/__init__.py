@@ -1,49 +1,42 @@
-"""Sampling: registered transitions (Langevin, MALA, HMC), augmentation transitions, Algorithm 2's chain runner, the
-annealed runner of noise-conditioned energies (a noise ladder), and a trained model's sampling defaults."""
+"""Sampling: registered transitions (Langevin, MALA, HMC), augmentation transitions, the chain protocol and its two
+chains (Algorithm 2's Langevin chain, the noise ladder of noise-conditioned energies), the runner, and a trained
+model's sampling defaults."""
 
 from composable_ebm.sampling.augment import AugmentConfig, augment
-from composable_ebm.sampling.runner import (
-    ChainEnd,
-    ChainSettings,
-    SampleResult,
-    SamplerDiagnostics,
-    initial_noise,
-    make_generator,
-    with_overrides,
-    run_chain,
-    sample,
-)
+from composable_ebm.sampling.chain import Chain, ChainEnd, run_transitions, with_overrides
+from composable_ebm.sampling.langevin import SamplerConfig, algorithm2, initial_noise
+from composable_ebm.sampling.annealed import AtLevel, LadderConfig, run_ladder
+from composable_ebm.sampling.runner import SampleResult, SamplerDiagnostics, make_generator, sample
 from composable_ebm.sampling.defaults import SamplingDefaults
 from composable_ebm.sampling.transitions import (
     SAMPLERS,
     ChainState,
-    SamplerConfig,
     StepInfo,
     chain_grad_norm,
     clamp_bounds,
     differentiable_last_step,
     evaluate,
+    hmc_step,
     langevin_move,
     langevin_step,
-    hmc_step,
     langevin_update,
     mala_step,
 )
-from composable_ebm.sampling.annealed import AtLevel, LadderConfig, run_ladder
 
 __all__ = [
     "SAMPLERS",
     "AtLevel",
     "AugmentConfig",
+    "Chain",
     "ChainEnd",
-    "ChainSettings",
     "ChainState",
-    "SampleResult",
     "LadderConfig",
+    "SampleResult",
     "SamplerConfig",
     "SamplerDiagnostics",
     "SamplingDefaults",
     "StepInfo",
+    "algorithm2",
     "augment",
     "chain_grad_norm",
     "clamp_bounds",
@@ -56,8 +49,8 @@ __all__ = [
     "langevin_update",
     "make_generator",
     "mala_step",
-    "with_overrides",
-    "run_chain",
     "run_ladder",
+    "run_transitions",
     "sample",
+    "with_overrides",
 ]

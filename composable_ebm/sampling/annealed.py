@@ -13,22 +13,22 @@ the pixel range); the last one is denoised (`LadderConfig.denoise`) and clamped 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from torch import Tensor
 
 from composable_ebm.configs import MAX_TOTAL_STEPS, check_range, check_size
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.accel.graphs import transitions
+from composable_ebm.sampling.chain import ChainEnd, OnStep, run_transitions
+from composable_ebm.sampling.langevin import SamplerConfig
 from composable_ebm.sampling.transitions import (
     SAMPLERS,
     ChainState,
     Precision,
-    SamplerConfig,
-    StepInfo,
     check_bool,
     check_method,
     check_precision,
@@ -49,8 +49,12 @@ class LadderConfig:
     Langevin dynamics: ``alpha_i`` proportional to ``sigma_i^2``) and exact Langevin noise, moving from one level to
     the next by the reverse-diffusion step or another `predictor`; then, with ``denoise``, one step to the noise's
     posterior mean at the last level (Tweedie's formula, ``x - sigma^2 dE/dx``), and the result is clamped to the
-    value range.
+    value range. It is a `composable_ebm.sampling.chain.Chain`: `run` is `run_ladder`.
     """
+
+    family: ClassVar[str] = "a noise ladder (LadderConfig)"
+    noise_levels: ClassVar[bool] = True
+    augment: ClassVar[None] = None  # a ladder runs no augmentation transitions
 
     levels: int = 30
     """how many levels, ``sigma_max`` first and ``sigma_min`` last"""
@@ -102,8 +106,9 @@ class LadderConfig:
         check_range(owner, "churn", self.churn, 0.0, 1.0)
         if self.spacing not in ("geometric", "karras"):
             raise InvalidInputError(f"unknown LadderConfig.spacing {self.spacing!r}; valid choices: ['geometric', 'karras']")
-        if self.predictor not in PREDICTORS:
-            raise InvalidInputError(f"unknown LadderConfig.predictor {self.predictor!r}; valid choices: {list(PREDICTORS)}")
+        if self.predictor not in ("ancestral", "heun", "none"):
+            raise InvalidInputError(f"unknown LadderConfig.predictor {self.predictor!r}; valid choices: ['ancestral',"
+                                    " 'heun', 'none']")
         check_bool(owner, "denoise", self.denoise)
         check_method(self.method)
         check_precision(owner, self.precision)
@@ -142,6 +147,36 @@ class LadderConfig:
         return (f"{self.method}, {first}{steps}{extra} at each of {ladder}{between}, step size"
                 f" {self.step_size:g} x sigma^2, exact noise{denoised}")
 
+    def check(self, energy: Energy) -> None:
+        """One line unless ``energy`` depends on a noise level: a ladder has nothing to anneal otherwise."""
+        if not energy.noise_conditioned:
+            raise InvalidInputError(f"{energy.expression()} does not depend on a noise level, so a noise ladder has"
+                                    " nothing to anneal; valid choices: sample it without a ladder, or compose"
+                                    " noise-conditioned models")
+
+    def within(self, levels: tuple[float, float] | None) -> LadderConfig:
+        """The ladder cut to ``levels`` (lowest, highest: the levels every model of a composite was trained on): it
+        starts at most at the highest and ends within them; itself for ``None``."""
+        if levels is None:
+            return self
+        high = min(self.sigma_max, levels[1])
+        return dataclasses.replace(self, sigma_min=min(max(self.sigma_min, levels[0]), high), sigma_max=high)
+
+    def noise_span(self) -> tuple[float, float]:
+        """The levels it walks: lowest, highest."""
+        return self.sigma_min, self.sigma_max
+
+    def start(self, energy: Energy, n: int, generator: torch.Generator, device: torch.device) -> Tensor:
+        """The value range's centre (0 when unbounded) plus noise of std ``sigma_max``."""
+        centre = 0.0 if energy.value_range is None else sum(energy.value_range) / 2
+        return centre + self.sigma_max * torch.randn((n, *energy.input_shape), generator=generator, device=device)
+
+    def run(self, energy: Energy, x: Tensor, generator: torch.Generator, labels: Labels | None = None, *,
+            on_step: OnStep | None = None, cuda_graphs: bool = False) -> ChainEnd:
+        """The walk down the ladder (`run_ladder`)."""
+        return ChainEnd(run_ladder(energy, x, self, generator, labels, on_step=on_step, cuda_graphs=cuda_graphs),
+                        None, self.total_steps)
+
     @property
     def total_steps(self) -> int:
         """Transitions per chain: ``first_steps + levels * steps + final_steps``."""
@@ -179,75 +214,65 @@ class AtLevel:
         return self.base, self.sigma
 
 
-def ladder_start(energy: Energy, n: int, config: LadderConfig, generator: torch.Generator,
-                 device: torch.device) -> Tensor:
-    """Chain starts for a ladder: the value range's centre (0 when unbounded) plus noise of std ``sigma_max``."""
-    centre = 0.0 if energy.value_range is None else sum(energy.value_range) / 2
-    return centre + config.sigma_max * torch.randn((n, *energy.input_shape), generator=generator, device=device)
+Predictor = Callable[..., Tensor]
+"""``predictor(energy, x, grad, previous, sigma, generator, labels)``: the chains moved from level ``previous`` to
+``sigma`` (``grad``: the energy's gradient at ``x`` at ``previous``)."""
 
 
-PREDICTORS = ("ancestral", "heun", "none")
-
-
-def _predict(energy: Energy, x: Tensor, grad: Tensor, previous: float, sigma: float, kind: str,
-             generator: torch.Generator, labels: Labels | None) -> Tensor:
-    """The chains moved from level ``previous`` to ``sigma`` (``grad``: the energy's gradient at ``x`` there)."""
-    if kind == "heun":  # Euler along dx/dsigma = sigma dE/dx, then the trapezoid with the slope where it lands
-        slope = previous * grad
-        landed = x + (sigma - previous) * slope
-        _, grad_there = energy.energy_and_grad(landed, labels, sigma=sigma)
-        return x + (sigma - previous) * 0.5 * (slope + sigma * grad_there)
+def ancestral(energy: Energy, x: Tensor, grad: Tensor, previous: float, sigma: float, generator: torch.Generator,
+              labels: Labels | None) -> Tensor:
+    """The reverse-diffusion step: a draw of the noised image at ``sigma`` given the one at ``previous`` and the
+    denoised estimate ``x - previous^2 dE/dx`` (the Gaussian posterior of a variance-exploding diffusion)."""
     noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
     spread = (previous**2 - sigma**2) ** 0.5
     return x - spread**2 * grad + sigma / previous * spread * noise
 
 
-def run_ladder(
-    energy: Energy,
-    x: Tensor,
-    config: LadderConfig,
-    generator: torch.Generator,
-    labels: Labels | None = None,
-    *,
-    on_step: Callable[[int, ChainState, StepInfo], None] | None = None,
-) -> Tensor:
-    """Walk ``x`` down ``config``'s levels: ``steps`` transitions per level (``first_steps`` more at the first,
-    ``final_steps`` more at the last), then the denoising step and the clamp. Returns the samples.
+def heun(energy: Energy, x: Tensor, grad: Tensor, previous: float, sigma: float, generator: torch.Generator,
+         labels: Labels | None) -> Tensor:
+    """Euler along the probability-flow ODE ``dx/dsigma = sigma dE/dx``, then the trapezoid with the slope where it
+    lands (Karras et al. 2022, Algorithm 1): one evaluation more."""
+    slope = previous * grad
+    landed = x + (sigma - previous) * slope
+    _, grad_there = energy.energy_and_grad(landed, labels, sigma=sigma)
+    return x + (sigma - previous) * 0.5 * (slope + sigma * grad_there)
+
+
+PREDICTORS: dict[str, Predictor | None] = {"ancestral": ancestral, "heun": heun, "none": None}
+"""`LadderConfig.predictor` -> the step between levels (``none``: the transitions alone)."""
+
+
+def run_ladder(energy: Energy, x: Tensor, config: LadderConfig, generator: torch.Generator,
+               labels: Labels | None = None, *, on_step: OnStep | None = None, cuda_graphs: bool = False) -> Tensor:
+    """Walk ``x`` down ``config``'s levels: the predictor from each level to the next, ``steps`` transitions at each
+    level (``first_steps`` more at the first, ``final_steps`` more at the last), then the denoising step and the
+    clamp. Returns the samples.
 
     The energy's gradient where the last transition left the chains is the one the step to the next level (and the
     denoising step) needs: it is read from the transition's state, not evaluated again, so a level costs one
-    evaluation plus its transitions' (`evaluations`)."""
-    if not energy.noise_conditioned:
-        raise InvalidInputError(f"{energy.expression()} does not depend on a noise level, so a noise ladder has nothing"
-                                " to anneal; valid choices: sample it without a ladder, or compose noise-conditioned"
-                                " models")
-    step_fn = SAMPLERS.get(config.method)
-    sigmas = config.sigmas()
-    done = 0
-    state = None  # the chains evaluated where they stand, at the level they stand at: what the next step reads
-    counts = config.transitions_per_level()
+    evaluation plus its transitions'."""
+    config.check(energy)
+    step, predict = SAMPLERS.get(config.method), PREDICTORS[config.predictor]
+    sigmas, counts = config.sigmas(), config.transitions_per_level()
+    done, state = 0, None  # the chains evaluated where they stand, at the level they stand at
     for i, sigma in enumerate(sigmas):
-        if i and config.predictor != "none":  # from the previous level to this one
+        if i and predict is not None:  # from the previous level to this one
             previous = sigmas[i - 1]
-            raised = min(previous * (1 + config.churn), config.sigma_max) if config.predictor == "heun" else previous
-            if raised > previous:  # churn: fresh noise first, so the chains stand at a higher level, where the step starts
+            raised = min(previous * (1 + config.churn), config.sigma_max) if predict is heun else previous
+            if raised > previous:  # churn: fresh noise first, so the chains stand at a higher level
                 noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-                x = x + (raised**2 - previous**2) ** 0.5 * noise
-                previous, state = raised, None
+                x, previous, state = x + (raised**2 - previous**2) ** 0.5 * noise, raised, None
             grad = state.grad if state is not None else energy.energy_and_grad(x, labels, sigma=previous)[1]
-            x = _predict(energy, x, grad, previous, sigma, config.predictor, generator, labels)
-            state = None
-        count = counts[i]
-        if count == 0:  # no transition at this level: nothing to evaluate here
+            x, state = predict(energy, x, grad, previous, sigma, generator, labels), None
+        if counts[i] == 0:  # no transition at this level: nothing to evaluate here
             state = None
             continue
         level = AtLevel(energy, sigma)
         state = evaluate(level, x, labels, config.precision)  # type: ignore[arg-type]
-        state, done = transitions(step_fn, level, state, config.at_level(sigma), generator, labels, count, on_step,
-                                  done)
+        state, done = run_transitions(step, level, state, config.at_level(sigma), generator, labels, counts[i],
+                                      on_step, done, cuda_graphs)
         x = state.x
     if config.denoise:
         grad = state.grad if state is not None else energy.energy_and_grad(x, labels, sigma=sigmas[-1])[1]
         x = x - sigmas[-1] ** 2 * grad
     return x.clamp(*energy.value_range) if energy.value_range is not None else x
-

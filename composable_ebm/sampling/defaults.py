@@ -24,8 +24,8 @@ from typing import Any
 from composable_ebm.configs import check_interval, check_range, config_from_dict, config_to_dict, kind_of
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.sampling.annealed import LadderConfig
-from composable_ebm.sampling.runner import ChainSettings, with_overrides
-from composable_ebm.sampling.transitions import SamplerConfig
+from composable_ebm.sampling.chain import Chain, with_overrides
+from composable_ebm.sampling.langevin import SamplerConfig
 
 _OWN = ("guidance_scale", "guidance_interval", "augment_preserves", "guided_alone", "alone")
 # a chain's fields that a ladder's table saved before the two were separate held at these values, which the ladder
@@ -37,7 +37,7 @@ _OLD_NEUTRAL = {"noise": (None, "exact"), "rounds": (1,), "augment": (None,), "i
 class SamplingDefaults:
     """How a trained model is sampled when the caller does not say."""
 
-    sampler: ChainSettings = field(default_factory=SamplerConfig)
+    sampler: Chain = field(default_factory=SamplerConfig)
     """the chain settings the model was trained for: a `LadderConfig` for a noise-conditioned model"""
     guidance_scale: float = 1.0
     """in a guided composite the model's term ``E(x | c) - E(x | 0)`` is multiplied by this on top of the weight
@@ -81,7 +81,7 @@ class SamplingDefaults:
         return hash((self.sampler, self.guidance_scale, self.guidance_interval, self.augment_preserves,
                      self.guided_alone, alone))
 
-    def alone_sampler(self) -> ChainSettings:
+    def alone_sampler(self) -> Chain:
         """The chain settings of the model sampled on its own: ``sampler`` with `alone`'s fields."""
         return with_overrides(self.sampler, self.alone, where=" in alone") if self.alone else self.sampler
 

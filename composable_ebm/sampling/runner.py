@@ -1,37 +1,25 @@
-"""The chain runner: Algorithm 2 of Du et al. 2021 ("EBM sampling algorithm").
+"""The runner: ``n`` chains of any `composable_ebm.sampling.chain.Chain` on the energy it is handed, with the
+generator, the kept states, the progress bar and the per-step diagnostics every chain shares.
 
-Start from uniform noise (or a given batch), then ``rounds`` times: one augmentation
-transition and ``steps`` Langevin (or MALA) steps; then ``final_steps`` plain steps. A noise-conditioned energy's
-settings are a `LadderConfig`, and its chains walk down the noise ladder instead (`run_ladder`).
-The runner takes the energy per call and holds no model.
+It runs what it is given: the chain's settings come decided (`composable_ebm.pipeline` decides them once), and it
+asks the chain to start and to run, never which kind it is. It takes the energy per call and holds no model.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from composable_ebm.configs import config_from_dict, config_to_dict
+from composable_ebm.accel.settings import Speed
 from composable_ebm.errors import InvalidInputError, NonFiniteError
-from composable_ebm.sampling.annealed import LadderConfig, ladder_start, run_ladder
-from composable_ebm.sampling.augment import augment
-from composable_ebm.accel.graphs import transitions
-from composable_ebm.sampling.transitions import (
-    ChainState,
-    SamplerConfig,
-    StepInfo,
-    evaluate,
-    langevin_move,
-    SAMPLERS,
-)
+from composable_ebm.sampling.chain import Chain
+from composable_ebm.sampling.transitions import ChainState, StepInfo
 
 if TYPE_CHECKING:  # pragma: no cover; the sampler runs any energy it is handed and imports none
     from composable_ebm.energy import Energy, Labels
@@ -59,7 +47,7 @@ class SampleResult:
     samples: Tensor  # (n, *input_shape), final states
     chain: Tensor | None  # (T, n, *input_shape): every keep_every-th state (first and last included), if asked
     diagnostics: SamplerDiagnostics
-    config: SamplerConfig | LadderConfig  # the settings actually used
+    config: Chain  # the settings actually used
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -69,9 +57,6 @@ class SampleResult:
 
 
 StepCallback = Callable[[dict[str, Any]], None]
-ChainSettings = SamplerConfig | LadderConfig
-"""A chain's settings: a `SamplerConfig` (an energy without noise levels) or a `LadderConfig` (a noise-conditioned
-one)."""
 
 
 def check_count(n: object) -> int:
@@ -101,50 +86,10 @@ def make_generator(seed: int | None, generator: torch.Generator | None, device: 
     return gen
 
 
-def with_overrides(config: ChainSettings, overrides: Mapping[str, Any], where: str = "") -> ChainSettings:
-    """``config`` with overrides of its fields (per call, or a model's settings on its own); an unknown name is one
-    line naming the valid ones (and ``where`` they were given, e.g. ``" in alone"``)."""
-    if not overrides:
-        return config
-    kind = type(config)
-    valid = {f.name for f in dataclasses.fields(kind)}
-    unknown = sorted(set(overrides) - valid)
-    if unknown:
-        family = "a noise ladder's" if kind is LadderConfig else "a chain's"
-        raise InvalidInputError(f"unknown sampler setting(s) {unknown}{where}; valid settings ({family},"
-                                f" {kind.__name__}): {sorted(valid)}")
-    # through the config codec: every value type-checked as a recipe's would be (a table for augment becomes an
-    # AugmentConfig, a string for steps is one line), then range-checked by the config itself
-    plain = {k: (config_to_dict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v)
-             for k, v in overrides.items()}
-    return config_from_dict(kind, {**config_to_dict(config), **plain})
-
-
-def initial_noise(energy: Energy, n: int, generator: torch.Generator, device: torch.device, init_scale: int = 1) -> Tensor:
-    """Uniform noise over the value range (standard normal for unbounded energies).
-
-    With ``init_scale`` > 1 an image energy's noise is drawn at ``1/init_scale`` of each side and
-    upsampled bilinearly: smooth random colour fields, still spanning the value range.
-    """
-    shape = (n, *energy.input_shape)
-    smooth = init_scale > 1 and len(shape) == 4
-    if smooth:
-        shape = (*shape[:2], *(max(1, -(-s // init_scale)) for s in shape[2:]))
-
-    if energy.value_range is None:
-        x = torch.randn(shape, generator=generator, device=device)
-    else:
-        lo, hi = energy.value_range
-        x = lo + (hi - lo) * torch.rand(shape, generator=generator, device=device)
-    if smooth:
-        x = F.interpolate(x, size=energy.input_shape[1:], mode="bilinear", align_corners=False)
-    return x
-
-
 def sample(
     energy: Energy,
-    n: int | None = None,
-    config: ChainSettings | None = None,
+    n: int | None,
+    chain: Chain,
     *,
     x0: Tensor | None = None,
     labels: Labels | None = None,
@@ -154,146 +99,113 @@ def sample(
     keep_every: int = 0,
     progress: bool = False,
     callback: StepCallback | None = None,
-    **overrides: Any,
+    speed: Speed | None = None,
 ) -> SampleResult:
-    """Run Algorithm 2 on ``energy`` as it is given and return a `SampleResult`.
+    """Run ``chain`` on ``energy`` as both are given and return a `SampleResult`.
 
-    This is the sampler itself: it runs the energy it is handed with the settings it is handed. How an
-    expression is sampled by default (its guided form, a model's own settings) is the pipeline's business:
-    `composable_ebm.pipeline.sample`, which ``Energy.sample`` and the CLI call.
+    This is the sampler itself: how an expression is sampled by default (its guided form, a model's own settings,
+    overrides) is the pipeline's business: `composable_ebm.pipeline.sample`, which ``Energy.sample`` and the CLI call.
 
     Args:
         energy: any ``Energy``, composite or not (it is not modified, nor its modes or flags).
-        n: number of chains (with ``x0`` omitted: started from uniform noise).
-        config: sampler settings: a `SamplerConfig` (default: its defaults), or a `LadderConfig` for a
-            noise-conditioned energy.
-        x0: starting batch ``(n, *input_shape)`` instead of noise.
+        n: number of chains (with ``x0`` omitted: started where ``chain`` starts them).
+        chain: the settings, which are the chain: a `SamplerConfig` (Algorithm 2) or a `LadderConfig`.
+        x0: starting batch ``(n, *input_shape)`` instead.
         labels: per-item attribute indices for a conditional energy.
-        seed: explicit randomness; the same seed gives the same samples.
-        generator: a ``torch.Generator`` to draw from instead of ``seed``.
-        keep_every: keep every k-th state of the chain in ``result.chain`` (0: keep none).
+        seed, generator: explicit randomness (one of them); the same seed gives the same samples.
+        device: where the chains run (default: the energy's).
+        keep_every: keep every k-th state of the chain in ``result.chain`` (0: keep none; the last is kept too).
         progress: show a progress bar.
         callback: called after every step with ``{"step", "x", "energy", "grad_norm", "accepted"}``.
-        overrides: any field of the config, e.g. ``steps=100``.
+        speed: what the run may do to go faster (default: `Speed.from_environment`, read now).
     """
-    cfg = with_overrides(config or SamplerConfig(), overrides)
-    if isinstance(cfg, SamplerConfig) and cfg.augment is not None and len(energy.input_shape) != 3:
-        raise ValueError(f"augmentation transitions need image energies (C, H, W); this one takes {energy.input_shape}")
-    if x0 is None:
-        n = check_count(n)
-        size = math.prod(energy.input_shape)
-        if n * size > MAX_SAMPLE_ELEMENTS:
-            raise InvalidInputError(f"n={n:,} samples of shape {tuple(energy.input_shape)} are {n * size:,} elements;"
-                                    f" one call draws at most {MAX_SAMPLE_ELEMENTS:,}: n <= {MAX_SAMPLE_ELEMENTS // size:,},"
-                                    " or draw in several calls")
-        dev = torch.device(device) if device is not None else energy.device
-        gen = make_generator(seed, generator, dev)
-        x = (ladder_start(energy, n, cfg, gen, dev) if isinstance(cfg, LadderConfig)
-             else initial_noise(energy, n, gen, dev, cfg.init_scale))
-    else:
+    chain.check(energy)
+    speed = speed if speed is not None else Speed.from_environment()
+    x, gen = _starts(energy, n, chain, x0, seed, generator, device)
+    record = _Record(chain.total_steps, keep_every, callback, progress, x)
+    end = chain.run(energy, x, gen, labels, on_step=record.on_step, cuda_graphs=speed.cuda_graphs)
+    final = end.x.detach()
+    record.close(final)
+    _check_finite(energy, chain, final, record.energies)
+    return SampleResult(final, record.chain(), record.diagnostics(), end.settings or chain)
+
+
+def _starts(energy: Energy, n: int | None, chain: Chain, x0: Tensor | None, seed: int | None,
+            generator: torch.Generator | None, device: torch.device | str | None) -> tuple[Tensor, torch.Generator]:
+    """The chains' starting positions (``x0``, or ``n`` where ``chain`` starts them) and their generator."""
+    if x0 is not None:
         if n is not None and n != x0.shape[0]:
             raise ValueError(f"n={n} disagrees with x0's batch of {x0.shape[0]}")
         x = x0.detach().to(torch.float32).clone()
-        gen = make_generator(seed, generator, x.device)
-    energies, grad_norms, accepts = [], [], []
-    kept = [x.clone()] if keep_every > 0 else []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+        return x, make_generator(seed, generator, x.device)
+    n = check_count(n)
+    size = math.prod(energy.input_shape)
+    if n * size > MAX_SAMPLE_ELEMENTS:
+        raise InvalidInputError(f"n={n:,} samples of shape {tuple(energy.input_shape)} are {n * size:,} elements; one"
+                                f" call draws at most {MAX_SAMPLE_ELEMENTS:,}: n <= {MAX_SAMPLE_ELEMENTS // size:,},"
+                                " or draw in several calls")
+    dev = torch.device(device) if device is not None else energy.device
+    gen = make_generator(seed, generator, dev)
+    return chain.start(energy, n, gen, dev), gen
 
-        bar = tqdm(total=cfg.total_steps, desc="sampling", unit="step", leave=False, disable=None)  # terminals only
 
-    def on_step(step: int, state: ChainState, info: StepInfo) -> None:
-        _record(info, energies, grad_norms, accepts)
-        if keep_every > 0 and (step % keep_every == 0 or step == cfg.total_steps):
-            kept.append(state.x.clone())
-        if callback is not None:
-            callback({"step": step, "x": state.x, "energy": info.energy, "grad_norm": info.grad_norm,
-                      "accepted": info.accepted})
-        if bar is not None:
-            bar.update(1)
+class _Record:
+    """What a run keeps of its steps: the per-step diagnostics, every ``keep_every``-th state, the progress bar, the
+    caller's callback."""
 
-    end = run_chain(energy, x, cfg, gen, labels, on_step=on_step)
-    if bar is not None:
-        bar.close()
-    final = end.x
-    if not bool(torch.isfinite(final).all()) or (energies and not bool(torch.isfinite(energies[-1]))):
-        raise NonFiniteError(
-            f"sampling {energy.expression()} produced non-finite energies or samples; check the model's weights"
-            " (a model with NaN weights) or lower the step size"
+    def __init__(self, total: int, keep_every: int, callback: StepCallback | None, progress: bool, x: Tensor) -> None:
+        self.total, self.keep_every, self.callback = total, keep_every, callback
+        self.energies: list[Tensor] = []
+        self.grad_norms: list[Tensor] = []
+        self.accepts: list[Tensor] = []
+        self.kept = [x.clone()] if keep_every > 0 else []
+        self.last_kept = 0
+        self.bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc="sampling", unit="step", leave=False, disable=None)  # terminals only
+
+    def on_step(self, step: int, state: ChainState, info: StepInfo) -> None:
+        self.energies.append(info.energy.detach())
+        self.grad_norms.append(info.grad_norm.detach())
+        if info.accepted is not None:
+            self.accepts.append(info.accepted.float().mean())
+        if self.keep_every > 0 and (step % self.keep_every == 0 or step == self.total):
+            self.kept.append(state.x.clone())
+            self.last_kept = step
+        if self.callback is not None:
+            self.callback({"step": step, "x": state.x, "energy": info.energy, "grad_norm": info.grad_norm,
+                           "accepted": info.accepted})
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self, final: Tensor) -> None:
+        """The run ended at ``final``: kept too where the chain's last step left it elsewhere (a ladder's denoising
+        step and clamp come after its last transition)."""
+        if self.bar is not None:
+            self.bar.close()
+        if self.keep_every > 0 and not torch.equal(self.kept[-1], final):
+            self.kept.append(final.clone())
+
+    def chain(self) -> Tensor | None:
+        return torch.stack(self.kept) if self.kept else None
+
+    def diagnostics(self) -> SamplerDiagnostics:
+        return SamplerDiagnostics(
+            energy=torch.stack(self.energies).float().cpu() if self.energies else torch.empty(0),
+            grad_norm=torch.stack(self.grad_norms).float().cpu() if self.grad_norms else torch.empty(0),
+            acceptance=torch.stack(self.accepts).cpu() if self.accepts else None,  # steps with an accept/reject
         )
-    diagnostics = SamplerDiagnostics(
-        energy=torch.stack(energies).float().cpu() if energies else torch.empty(0),
-        grad_norm=torch.stack(grad_norms).float().cpu() if grad_norms else torch.empty(0),
-        acceptance=torch.stack(accepts).cpu() if accepts else None,  # samplers with an accept/reject step
-    )
-    chain = torch.stack(kept) if kept else None
-    return SampleResult(final.detach(), chain, diagnostics, cfg)
 
 
-@dataclass
-class ChainEnd:
-    """Where `run_chain` stopped: the positions, and their cached energy and gradient when evaluated."""
-
-    x: Tensor
-    state: ChainState | None  # None when the last Langevin step's result was left unevaluated
-    steps: int
-
-
-def run_chain(
-    energy: Energy,
-    x: Tensor,
-    config: ChainSettings,
-    generator: torch.Generator,
-    labels: Labels | None = None,
-    *,
-    num_steps: int | None = None,
-    on_step: Callable[[int, ChainState, StepInfo], None] | None = None,
-) -> ChainEnd:
-    """The chain of Algorithm 2 from ``x``: ``rounds`` x [augmentation transition, ``steps`` steps], then
-    ``final_steps`` steps, or with a `LadderConfig` the walk down its levels. ``sample`` and the trainer both run
-    their chains through here.
-
-    Args:
-        num_steps: stop after this many steps (default: the whole schedule, ``config.total_steps``).
-        on_step: ``on_step(step, state, info)`` after every step (step counts from 1). Without it, the
-            position after a last Langevin step is returned unevaluated (``ChainEnd.state`` is ``None``):
-            no energy is computed that nobody reads. The trainer goes on from there with
-            `composable_ebm.sampling.differentiable_last_step`.
-    """
-    total = config.total_steps if num_steps is None else num_steps
-    if not 0 <= total <= config.total_steps:
-        raise ValueError(f"num_steps must be in 0..{config.total_steps} for this schedule, got {num_steps}")
-    if isinstance(config, LadderConfig):
-        if total != config.total_steps:
-            raise ValueError("a noise ladder runs whole: num_steps must be left out")
-        return ChainEnd(run_ladder(energy, x, config, generator, labels, on_step=on_step), None, total)
-    step_fn = SAMPLERS.get(config.method)
-    schedule = [config.steps] * config.rounds + ([config.final_steps] if config.final_steps else [])
-    state: ChainState | None = None
-    done = 0
-    for round_index, steps_this_round in enumerate(schedule):
-        if done == total:
-            break
-        if round_index < config.rounds and config.augment is not None:
-            x = augment(state.x if state is not None else x, config.augment, generator)
-            state = None
-        count = min(steps_this_round, total - done)
-        if count == 0:
-            continue
-        if state is None:
-            state = evaluate(energy, x, labels, config.precision)
-        # nobody reads the last position's energy: leave it unevaluated (a caller that goes on from here, as the
-        # trainer's `differentiable_last_step`, evaluates it once, with what it needs)
-        leave_last = done + count == total and on_step is None and config.method == "langevin"
-        state, done = transitions(step_fn, energy, state, config, generator, labels, count - leave_last, on_step, done)
-        if leave_last:
-            return ChainEnd(langevin_move(energy, state, config, generator), None, done + 1)
-    return ChainEnd(state.x if state is not None else x, state, done)
-
-
-def _record(info: StepInfo, energies: list, grad_norms: list, accepts: list) -> None:
-    energies.append(info.energy.detach())
-    grad_norms.append(info.grad_norm.detach())
-    if info.accepted is not None:
-        accepts.append(info.accepted.float().mean())
+def _check_finite(energy: Energy, chain: Chain, final: Tensor, energies: list[Tensor]) -> None:
+    """One line when the chains end non-finite: naming the weights when the energy's are not finite, else the step
+    size, which is what makes chains of a finite energy diverge."""
+    if bool(torch.isfinite(final).all()) and not (energies and not bool(torch.isfinite(energies[-1]))):
+        return
+    if any(not bool(torch.isfinite(p).all()) for p in energy.parameters()):
+        raise NonFiniteError(f"sampling {energy.expression()} produced non-finite samples: its weights hold NaN or"
+                             " infinite values; reload or retrain the model")
+    raise NonFiniteError(f"sampling {energy.expression()} diverged: its chains left the finite numbers with these"
+                         f" settings ({chain.summary()}); lower the step size (step_size=, --step-size)")

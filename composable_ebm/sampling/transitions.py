@@ -1,6 +1,6 @@
 """MCMC transitions on an energy passed per call: a Langevin step, a MALA step and an HMC step, each with a
-per-chain accept/reject where it has one; and the settings of a chain on an energy without noise levels
-(`SamplerConfig`; a noise-conditioned energy's ladder is `composable_ebm.sampling.annealed.LadderConfig`).
+per-chain accept/reject where it has one, registered by name (`SAMPLERS`). The chains that run them are
+`composable_ebm.sampling.langevin` (Algorithm 2) and `composable_ebm.sampling.annealed` (a noise ladder).
 
 State and diagnostics are separate records (as blackjax's ``MALAState`` / ``MALAInfo``): the
 state caches the energy and gradient of its position, so MALA never recomputes them.
@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
 
 from composable_ebm.accel.precision import PRECISIONS, Precision, autocast
-from composable_ebm.configs import MAX_TOTAL_STEPS, check_range, check_size
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.registry import Registry
-from composable_ebm.sampling.augment import AugmentConfig
 
 if TYPE_CHECKING:  # pragma: no cover; energies sit above the sampler
     from composable_ebm.energy import Energy, Labels
@@ -34,76 +32,17 @@ SAMPLERS: Registry[Step] = Registry("sampler method", package="composable_ebm.sa
 in the ``composable_ebm.samplers`` group) and ``@SAMPLERS.register("name")`` add one."""
 
 
-@dataclass(frozen=True)
-class SamplerConfig:
-    """Langevin / MALA / HMC settings and Algorithm 2's schedule: the chain of an energy without noise levels (a
-    noise-conditioned energy walks a `composable_ebm.sampling.annealed.LadderConfig`).
+class StepSettings(Protocol):
+    """What a transition reads of its settings: a `composable_ebm.sampling.langevin.SamplerConfig`, or a noise
+    ladder's settings at one level."""
 
-    The defaults are the paper's 32x32 settings (appendix, "Experiment Configurations").
-    """
-
-    step_size: float = 500.0
-    """lambda in x <- x - lambda * dE/dx + noise * N(0, 1)"""
-    noise: float | Literal["exact"] = 0.001
-    """std of the added noise; ``"exact"``: sqrt(2 * step_size) (Langevin dynamics proper)"""
-    steps: int = 40
-    """K: Langevin steps per round"""
-    rounds: int = 1
-    """N: rounds of [augmentation, K steps] (Algorithm 2)"""
-    final_steps: int = 0
-    """plain steps after the last round"""
-    method: str = "langevin"
-    """a registered sampler (`SAMPLERS`): `langevin` (clamped Langevin steps), `mala` (Metropolis-adjusted) or `hmc`
-    (Hamiltonian Monte Carlo, `leapfrog` steps per proposal, Metropolis-adjusted)"""
-    leapfrog: int = 3
-    """hmc: leapfrog steps per proposal, each of step ``sqrt(2 * step_size)`` (one leapfrog step is MALA's
-    proposal with exact noise)"""
-    augment: AugmentConfig | None = None
-    """augmentation transition at the start of every round"""
-    clamp: bool = True
-    """clamp to the energy's value range (Langevin) / reject outside it (MALA)"""
-    precision: Precision = "float32"
-    """bfloat16: energy and gradient under autocast, update in float32"""
-    init_scale: int = 1
-    """chains start from uniform noise drawn at 1/init_scale of the image side and upsampled bilinearly
-    (1: per-pixel uniform noise, Algorithm 2); larger values start from smooth colour fields"""
-
-    def __post_init__(self) -> None:
-        check_range("SamplerConfig", "step_size", self.step_size, 0.0, low_open=True)
-        if self.noise != "exact":
-            if self.noise is None or isinstance(self.noise, str):
-                raise InvalidInputError(f"SamplerConfig.noise must be a number or \"exact\" (sqrt(2 * step_size)),"
-                                        f" got {self.noise!r}")
-            check_range("SamplerConfig", "noise", self.noise, 0.0)
-        for name in ("steps", "final_steps"):
-            check_size("SamplerConfig", name, getattr(self, name), low=0, high=1 << 24)
-        check_size("SamplerConfig", "rounds", self.rounds, high=1 << 20)
-        check_size("SamplerConfig", "init_scale", self.init_scale, high=1 << 12)
-        check_size("SamplerConfig", "leapfrog", self.leapfrog, high=1 << 10)
-        check_bool("SamplerConfig", "clamp", self.clamp)
-        if self.total_steps > MAX_TOTAL_STEPS:
-            raise InvalidInputError(f"SamplerConfig: rounds x steps + final_steps = {self.rounds} x {self.steps} +"
-                                    f" {self.final_steps} = {self.total_steps:,} Langevin steps; at most"
-                                    f" {MAX_TOTAL_STEPS:,}")
-        check_method(self.method)
-        check_precision("SamplerConfig", self.precision)
-
-    def summary(self) -> str:
-        """The schedule in one line, e.g. ``langevin, 1 x 60 steps, step size 20, noise 0.005`` (``cebm info``, the
-        studio)."""
-        noise = "exact noise" if self.noise == "exact" else f"noise {self.noise:g}"
-        extra = f" + {self.final_steps}" if self.final_steps else ""
-        return (f"{self.method}, {self.rounds} x {self.steps} steps{extra}, step size {self.step_size:g}, {noise}"
-                + (", augmented" if self.augment else ""))
+    step_size: float
+    leapfrog: int
+    clamp: bool
+    precision: Precision
 
     @property
-    def noise_std(self) -> float:
-        return (2.0 * self.step_size) ** 0.5 if self.noise == "exact" else float(self.noise)
-
-    @property
-    def total_steps(self) -> int:
-        """Transitions per chain: ``rounds * steps + final_steps``."""
-        return self.rounds * self.steps + self.final_steps
+    def noise_std(self) -> float: ...
 
 
 def check_method(method: Any) -> None:
@@ -151,20 +90,20 @@ def evaluate(
     return ChainState(x, e.to(x.dtype), g.to(x.dtype))
 
 
-def clamp_bounds(energy: Energy, config: SamplerConfig) -> tuple[float, float] | None:
+def clamp_bounds(energy: Energy, config: StepSettings) -> tuple[float, float] | None:
     """The range samples are clamped to (Langevin) or kept in (MALA): the energy's, unless ``clamp`` is off."""
     return energy.value_range if config.clamp else None
 
 
 def langevin_update(
-    x: Tensor, grad: Tensor, config: SamplerConfig, noise: Tensor, bounds: tuple[float, float] | None
+    x: Tensor, grad: Tensor, config: StepSettings, noise: Tensor, bounds: tuple[float, float] | None
 ) -> Tensor:
     """``clamp(x - step_size * grad + noise_std * noise)``; differentiable in ``grad`` when it carries a graph."""
     x = x - config.step_size * grad + config.noise_std * noise
     return x.clamp(*bounds) if bounds is not None else x
 
 
-def langevin_move(energy: Energy, state: ChainState, config: SamplerConfig, generator: torch.Generator) -> Tensor:
+def langevin_move(energy: Energy, state: ChainState, config: StepSettings, generator: torch.Generator) -> Tensor:
     """One Langevin move from an evaluated state: draw the noise, update, clamp. The new position is left
     unevaluated; it carries a graph to the parameters when ``state.grad`` does."""
     noise = torch.randn(state.x.shape, generator=generator, device=state.x.device, dtype=state.x.dtype)
@@ -174,7 +113,7 @@ def langevin_move(energy: Energy, state: ChainState, config: SamplerConfig, gene
 def differentiable_last_step(
     energy: Energy,
     x: Tensor,
-    config: SamplerConfig,
+    config: StepSettings,
     generator: torch.Generator,
     labels: Labels | None = None,
     create_graph: bool = True,
@@ -184,7 +123,7 @@ def differentiable_last_step(
 
     The trainer's objective runs it inside its forward (Algorithm 1's ``x^``, which the KL loss
     differentiates through); ``x_hat.detach()`` is the chain's last sample, the same position a chain
-    of `run_chain` reaches with the same generator.
+    of `composable_ebm.sampling.algorithm2` reaches with the same generator.
     """
     start = evaluate(energy, x, labels, config.precision, create_graph=create_graph)
     return langevin_move(energy, start, config, generator), start
@@ -194,7 +133,7 @@ def differentiable_last_step(
 def langevin_step(
     energy: Energy,
     state: ChainState,
-    config: SamplerConfig,
+    config: StepSettings,
     generator: torch.Generator,
     labels: Labels | None = None,
 ) -> tuple[ChainState, StepInfo]:
@@ -219,7 +158,7 @@ def _log_proposal(to: Tensor, frm: Tensor, grad_frm: Tensor, step: float, std: f
 def mala_step(
     energy: Energy,
     state: ChainState,
-    config: SamplerConfig,
+    config: StepSettings,
     generator: torch.Generator,
     labels: Labels | None = None,
 ) -> tuple[ChainState, StepInfo]:
@@ -272,7 +211,7 @@ def _metropolis(state: ChainState, proposed: ChainState, log_alpha: Tensor,
 def hmc_step(
     energy: Energy,
     state: ChainState,
-    config: SamplerConfig,
+    config: StepSettings,
     generator: torch.Generator,
     labels: Labels | None = None,
 ) -> tuple[ChainState, StepInfo]:

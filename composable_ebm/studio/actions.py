@@ -282,7 +282,7 @@ def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, st
     (`composable_ebm.pipeline.sample`), and read the samples with a classifier that covers the models' attributes
     (`covering_classifier`), when there is one."""
     from composable_ebm.images import chain_strip, image_grid
-    from composable_ebm.pipeline import plan, sample
+    from composable_ebm.pipeline import plan, run
 
     if not _whole(n, 1, MAX_SAMPLES):
         raise InvalidInputError(f"the number of samples must be a whole number from 1 to {MAX_SAMPLES}, got {n!r}")
@@ -302,8 +302,7 @@ def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, st
                                 f" most {MAX_WORK:,} a request: fewer samples or steps (cebm compose has no such bound)")
     callback = (lambda record: on_step(record["step"], total)) if on_step is not None else None
     start = time.perf_counter()
-    result = sample(energy, int(n), form=form, seed=int(seed), keep_every=max(1, total // 10), callback=callback,
-                    **overrides)
+    result = run(chosen, int(n), seed=int(seed), keep_every=max(1, total // 10), callback=callback)
     seconds = time.perf_counter() - start
     parsed = expression_to_terms(expression)
     asked = asked_attributes(parsed[0]) if parsed is not None else None

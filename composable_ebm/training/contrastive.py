@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from composable_ebm.configs import MAX_BUFFER_ELEMENTS
 from composable_ebm.energy import Energy, Labels
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.sampling import augment, chain_grad_norm, differentiable_last_step, initial_noise, run_chain
+from composable_ebm.sampling import algorithm2, augment, chain_grad_norm, differentiable_last_step, initial_noise
 from composable_ebm.training.buffer import ReplayBuffer
 from composable_ebm.training.config import ContrastiveConfig
 from composable_ebm.training.faults import fault_reason
@@ -129,7 +129,8 @@ class ContrastiveDivergence:
             k = int(torch.randint(s.steps, cfg.chain_steps_max + 1, (1,), generator=generator, device=loop.device))
             s = dataclasses.replace(s, steps=k)
         # every step but the last through the sampler's chain code; the last runs in the objective, once
-        x = run_chain(model, x, s, generator, labels, num_steps=s.total_steps - 1).x
+        x = algorithm2(model, x, s, generator, labels, num_steps=s.total_steps - 1,
+                       cuda_graphs=loop.speed.cuda_graphs).x
         bank = None
         if cfg.kl_ent and len(self.buffer) >= max(cfg.ent_min_buffer, 1):
             bank, _ = self.buffer.sample(cfg.ent_bank, generator)

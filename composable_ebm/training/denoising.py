@@ -33,7 +33,6 @@ from composable_ebm.accel.precision import autocast
 from composable_ebm.energy import Energy, Labels, NoiseConditioned
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.accel.graphs import capture
-from composable_ebm.accel.graphs import enabled as graphs_enabled
 from composable_ebm.training.config import WEIGHTINGS, DenoisingConfig
 from composable_ebm.training.faults import fault_reason
 from composable_ebm.training.record import StepRecord
@@ -78,9 +77,10 @@ class DenoisingObjective(nn.Module):
     ``weighting`` says (`WEIGHTINGS`; module docstring)."""
 
     def __init__(self, energy: Energy, weighting: str = "noise", classifier_weight: float = 0.0,
-                 value_shares: dict[str, Tensor] | None = None) -> None:
+                 value_shares: dict[str, Tensor] | None = None, own_derivatives: str = "cpu") -> None:
         super().__init__()
         self.energy = energy
+        self.own_derivatives = own_derivatives  # where the layers state their own second derivatives (Speed)
         self.classifier_weight = float(classifier_weight)
         self.log_shares = {a: torch.log(p.clamp_min(1e-12)) for a, p in (value_shares or {}).items()}
         if self.classifier_weight > 0 and not self.log_shares:
@@ -116,7 +116,7 @@ class DenoisingObjective(nn.Module):
         the energy's input gradient, each item's error times ``weight`` (``(B,)``) when given, and the energies
         ``(B,)``."""
         noised = noised.detach().requires_grad_(True)
-        with second_derivatives():  # the input gradient is differentiated again
+        with second_derivatives(self.own_derivatives):  # the input gradient is differentiated again
             e = self.energy(noised, labels, sigma=sigma)
         (grad,) = torch.autograd.grad(e.sum(), noised, create_graph=True)
         return noise_prediction_loss(grad, sigma, z, weight), e
@@ -172,7 +172,8 @@ class DenoisingScoreMatching:
     def __init__(self, trainer: Loop, config: DenoisingConfig) -> None:
         self.trainer, self.config = trainer, config
         self.loss = trainer.parallel(DenoisingObjective(trainer.energy, config.loss_weighting,
-                                                        config.classifier_weight, value_shares(trainer)))
+                                                        config.classifier_weight, value_shares(trainer),
+                                                        trainer.speed.own_derivatives))
         self._graph: tuple[torch.cuda.CUDAGraph, Tensor, list[Tensor | None]] | None = None
         self._graph_failed = False  # a capture failed: it runs eagerly from then on
 
@@ -203,10 +204,10 @@ class DenoisingScoreMatching:
                             noised.denoising.float(), classifier.float()])
 
     def _graphable(self) -> bool:
-        """Whether this iteration replays a CUDA graph (`_replay`): on by default on CUDA (`use_cuda_graphs`), for
+        """Whether this iteration replays a CUDA graph (`_replay`): on by default on CUDA (the run's `Speed`), for
         one process, with training data that fits the device's memory budget for it."""
         loop = self.trainer
-        return (loop.device.type == "cuda" and graphs_enabled() and not loop.distributed and not self._graph_failed
+        return (loop.device.type == "cuda" and loop.speed.cuda_graphs and not loop.distributed and not self._graph_failed
                 and loop.images.numel() * loop.images.element_size() <= MAX_GRAPHED_DATA_BYTES)
 
     def _replay(self) -> Tensor | None:

@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # pragma: no cover; annotations only
     import torch
     from torch import Tensor, nn
 
+    from composable_ebm.accel.settings import Speed
     from composable_ebm.energy import Energy
     from composable_ebm.training.config import TrainerConfig
     from composable_ebm.training.record import StepRecord
@@ -26,6 +27,7 @@ class Loop(Protocol):
     labels: dict[str, Tensor]
     optimizer: torch.optim.Optimizer
     distributed: bool
+    speed: Speed  # what the run may do to go faster (CUDA graphs, the layers' own derivatives), read at its start
 
     def positives(self, n: int) -> tuple[Tensor, dict[str, Tensor]]:
         """``n`` positives (augmented, dequantized) and their labels, some under the null condition."""

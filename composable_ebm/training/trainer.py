@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from composable_ebm.accel.settings import Speed
 from composable_ebm.atomic import remove_stale_temporaries
 from composable_ebm.energy import NULL, Energy
 from composable_ebm.errors import InvalidInputError
@@ -69,6 +70,7 @@ class Trainer(TrainingState):
         out_dir: where ``checkpoint.pt``, ``log.jsonl`` (and TensorBoard files) go; ``None``:
             keep the rollback checkpoint in memory and write nothing.
         device: training device (default: the model's).
+        speed: what the run may do to go faster (default: `Speed.from_environment`, read now).
     """
 
     LOG = LOG_NAME
@@ -80,8 +82,10 @@ class Trainer(TrainingState):
         config: TrainerConfig,
         out_dir: str | Path | None = None,
         device: torch.device | str | None = None,
+        speed: Speed | None = None,
     ) -> None:
         self.config = config = config.for_model(energy.noise_conditioned)
+        self.speed = speed if speed is not None else Speed.from_environment()
         self.device = torch.device(device) if device is not None else energy.device
         if self.device.type == "cuda" and self.device.index is None:  # the current GPU (torchrun: LOCAL_RANK's)
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -117,10 +121,9 @@ class Trainer(TrainingState):
     @property
     def buffer(self) -> ReplayBuffer:
         """The replay buffer of a contrastive-divergence run (`ContrastiveDivergence.buffer`)."""
-        buffer = getattr(self.objective, "buffer", None)
-        if buffer is None:
+        if not isinstance(self.objective, ContrastiveDivergence):
             raise AttributeError("a denoising run keeps no replay buffer; only contrastive divergence has one")
-        return buffer
+        return self.objective.buffer
 
     def parallel(self, loss: nn.Module) -> nn.Module:
         """``loss`` as the objective runs it: wrapped for DDP in a distributed run (one forward per step sees every
