@@ -85,9 +85,10 @@ def shown_location(location: str | None) -> str | None:
 
 def pipeline_tag(model: nn.Module) -> str | None:
     """The Hub task of a model: an image energy without conditions generates unconditionally; a conditional one
-    generates what it is conditioned on, which no Hub task names (so none is claimed); a classifier classifies."""
+    generates what it is conditioned on, which no Hub task names (so none is claimed); another model claims its
+    class's (`composable_ebm.pretrained.Pretrained.hub_task`: a classifier classifies, an autoencoder claims none)."""
     if not isinstance(model, Energy):
-        return "image-classification"
+        return model.hub_task
     if len(getattr(model, "input_shape", ())) == 3 and not getattr(model, "attributes", None):
         return "unconditional-image-generation"
     return None
@@ -144,8 +145,8 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
 
 
 def _usage(config: dict, energy: bool, where: str | None) -> list[str]:
-    """The card's "Use" block: an energy sampled (conditioned on its first value), a classifier reading images; none
-    for a classifier of no attribute. ``where``: the folder or Hub id it loads from (None: a placeholder)."""
+    """The card's "Use" block: an energy sampled (conditioned on its first value), an autoencoder's round trip, a
+    classifier reading images; none for a classifier of no attribute. ``where``: the folder or Hub id it loads from (None: a placeholder)."""
     load = f'cebm.load("{where}")' if where else 'cebm.load("PATH_OR_ORG/NAME")  # the folder or Hub id it lives in'
     attributes = config.get("attributes") or {}
     if energy:
@@ -155,6 +156,11 @@ def _usage(config: dict, energy: bool, where: str | None) -> list[str]:
             example = f'.condition({a}="{values[0]}")'
         return ["", "## Use", "", "```python", "import composable_ebm as cebm", "", f"model = {load}",
                 f"images = model{example}.sample(n=16, seed=0)", "```"]
+    if "latent_channels" in config:  # an autoencoder
+        return ["", "## Use", "", "```python", "import torch", "import composable_ebm as cebm", "",
+                f"autoencoder = {load}", f"images = torch.rand(4, {config['in_channels']}, {config['image_size']},"
+                f" {config['image_size']})  # in [0, 1]", "latents = autoencoder.encode(images)  # standardised",
+                "again = autoencoder.decode(latents).clamp(0, 1)", "```"]
     if not attributes:
         return []
     size, channels = config.get("image_size", 32), config.get("in_channels", 3)

@@ -25,6 +25,9 @@ class Pretrained:
     """
 
     card: str | None = None  # the README.md it was loaded with, which a push keeps
+    hub_task: str | None = None
+    """the Hub's pipeline task a model of this class claims on its card (None: none); an energy's is decided by what
+    it generates (`composable_ebm.model_cards.pipeline_tag`)"""
 
     def save_pretrained(self, folder: str | Path, card: str | None = None) -> Path:
         """Save as ``config.json`` + ``model.safetensors`` with a model card (default: the card it was loaded with,

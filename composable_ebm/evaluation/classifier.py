@@ -67,6 +67,7 @@ class AttributeClassifier(Pretrained, nn.Module):
     ``pooling``) -> one linear head per attribute."""
 
     config_class = ClassifierConfig
+    hub_task = "image-classification"
 
     def __init__(self, config: ClassifierConfig) -> None:
         super().__init__()
