@@ -26,7 +26,7 @@ def test_an_f4_autoencoder_maps_images_to_standardised_latents_a_quarter_the_sid
     assert z.shape == (3, 4, 16, 16) == (3, *model.config.latent_shape) and model.decode(z).shape == x.shape
     images = torch.rand(64, 3, 64, 64)
     with_latent_statistics(model, images)
-    z = model.encode(images)
+    z = model.encode(images).detach()
     assert abs(float(z.mean())) < 1e-3 and abs(float(z.std()) - 1) < 1e-3  # the stored shift and scale standardise
     assert torch.allclose(model.decode(z), model.decoder(model.raw_latents(images)), atol=1e-5)
     with pytest.raises(InvalidInputError, match=r"encodes a batch of shape \(B, 3, 64, 64\), got \(2, 3, 32, 32\)"):
@@ -78,6 +78,12 @@ def test_a_stopped_training_run_resumes_to_the_weights_of_one_that_ran_through(t
 
     with pytest.raises(Stop):
         fit_autoencoder(images, tmp_path / "split", TINY, training, echo=stop_after_step_2)
+    from composable_ebm.training.autoencoder import checkpoint_autoencoder
+
+    halfway, step = checkpoint_autoencoder(tmp_path / "split")  # a run in progress, measured from its checkpoint
+    assert step == 2 and halfway.config == TINY and halfway.reconstruct(images[:2].float() / 255).shape == (2, 3, 16, 16)
+    with pytest.raises(InvalidInputError, match="holds no checkpoint.pt"):
+        checkpoint_autoencoder(tmp_path / "faces")
     said: list[str] = []
     resumed = fit_autoencoder(images, tmp_path / "split", TINY, training, echo=said.append)
     assert said[0] == "resumed from step 2" and resumed.steps == 6

@@ -306,7 +306,8 @@ def test_eval_fid_between_image_folders_with_a_classifiers_features(tmp_path):
 # extra arguments that make each example quick here (a later option overrides the example's own)
 _QUICK = {"train": ["--steps", "2", "--no-progress"], "sample": ["-n", "2", "--steps", "2", "--no-progress"],
           "compose": ["-n", "2", "--steps", "2", "--no-progress"], "eval compose": ["-n", "2", "--steps", "2"],
-          "eval ood": ["-n", "16"], "eval fid": ["--limit", "4"], "train-classifier": ["--steps", "3"]}
+          "eval ood": ["-n", "16"], "eval fid": ["--limit", "4"], "train-classifier": ["--steps", "3"],
+          "train-autoencoder": ["--steps", "2", "--widths", "8,8,8", "--batch-size", "4", "--held-out", "3"]}
 _ORDER = ["train", "push", "plot", "export"]  # push, plot and export use what the train example wrote
 
 
@@ -337,7 +338,7 @@ def test_every_help_example_parses_and_runs(tmp_path, monkeypatch):
 
     examples = _help_examples()
     assert {"train", "sample", "compose", "push", "plot", "info", "list", "eval compose", "eval fid",
-            "eval ood", "export", "train-classifier"} <= set(examples)
+            "eval ood", "export", "train-classifier", "train-autoencoder"} <= set(examples)
     root = Path(__file__).resolve().parents[1]
     shutil.copytree(root / "recipes", tmp_path / "recipes")
     for folder in ("data/real", "samples"):

@@ -168,7 +168,7 @@ def train_autoencoder_command(
     """Train a small autoencoder (Conv-ReLU residual blocks, stride-2 stages) whose latents latent energies model.
 
     \b
-    Example: cebm train-autoencoder data/faces64 --out runs/ae --exclude smiling=yes,glasses=yes,beard=yes
+    Example: cebm train-autoencoder data/faces --out runs/faces-autoencoder --size 16 --exclude Smiling=yes,Hat=yes
     """
     from composable_ebm.data.folder import attribute_folder
     from composable_ebm.nets.autoencoder import AutoencoderConfig

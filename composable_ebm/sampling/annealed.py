@@ -106,9 +106,8 @@ class LadderConfig:
         check_range(owner, "churn", self.churn, 0.0, 1.0)
         if self.spacing not in ("geometric", "karras"):
             raise InvalidInputError(f"unknown LadderConfig.spacing {self.spacing!r}; valid choices: ['geometric', 'karras']")
-        if self.predictor not in ("ancestral", "heun", "none"):
-            raise InvalidInputError(f"unknown LadderConfig.predictor {self.predictor!r}; valid choices: ['ancestral',"
-                                    " 'heun', 'none']")
+        if self.predictor not in PREDICTORS:  # defined below: one function per predictor
+            raise InvalidInputError(f"unknown LadderConfig.predictor {self.predictor!r}; valid choices: {list(PREDICTORS)}")
         check_bool(owner, "denoise", self.denoise)
         check_method(self.method)
         check_precision(owner, self.precision)

@@ -114,7 +114,7 @@ def fit_autoencoder(images: Tensor, out: str | Path, config: AutoencoderConfig,
         if step % training.checkpoint_every == 0 or step == training.steps:
             spent = _checkpoint(out, model, optimizer, generator, setup, step, spent, start)
             start = time.perf_counter()
-            say(f"step {step} of {training.steps}: loss {float(loss):.4f}, {spent / 60:.1f} min so far")
+            say(f"step {step} of {training.steps}: loss {float(loss.detach()):.4f}, {spent / 60:.1f} min so far")
     spent = _checkpoint(out, model, optimizer, generator, setup, step, spent, start)
     if step < training.steps:
         say(f"stopped at step {step} of {training.steps} (--max-minutes); run the same command to resume")
@@ -183,3 +183,22 @@ def _finish(model: Autoencoder, train: Tensor, held: Tensor, out: Path, step: in
     say(f"trained {step} steps in {spent / 60:.1f} min" + (f"; held-out PSNR {quality:.1f} dB" if quality else "")
         + f"; model in {out / 'model'}")
     return TrainedAutoencoder(model, step, spent, quality, False)
+
+
+def checkpoint_autoencoder(run: str | Path) -> tuple[Autoencoder, int]:
+    """The autoencoder of a run's latest checkpoint (its latents not yet standardised: those constants are measured
+    when training finishes), and its step: a run in progress, measured without stopping it."""
+    from composable_ebm.configs import config_from_dict
+    from composable_ebm.training.checkpoint import load_checkpoint
+
+    path = Path(run) / "checkpoint.pt"
+    if not path.is_file():
+        raise InvalidInputError(f"{run} holds no checkpoint.pt: not a cebm train-autoencoder run, or one that never"
+                                " saved")
+    state = load_checkpoint(path)
+    try:
+        model = Autoencoder(config_from_dict(AutoencoderConfig, state["setup"]["config"]))
+        model.load_state_dict(state["model"])
+    except (KeyError, TypeError, RuntimeError) as err:
+        raise InvalidInputError(f"{path} is not a checkpoint of cebm train-autoencoder ({err})") from err
+    return model.eval(), int(state["step"])
