@@ -19,21 +19,25 @@ from composable_ebm.models import load_model
 from composable_ebm.training.autoencoder import checkpoint_autoencoder, psnr
 
 
-def measure(source: str, n: int = 500, seed: int = 1) -> dict[str, float]:
-    """PSNR and the classifier's agreement per attribute for one run or model (the module's docstring)."""
-    data = faces(n, seed=seed, size=64, style="lorelei")
-    x = data.images.float() / 255
-    path = Path(source)
-    model, step = (checkpoint_autoencoder(path) if (path / "checkpoint.pt").is_file() and not (path / "config.json").is_file()
-                   else (load_model(source), None))
+def measure_model(model, n: int = 500, seed: int = 1) -> dict:
+    """PSNR of ``model``'s reconstructions of ``n`` fresh renders and, per attribute, how often faces64-classifier
+    reads a reconstruction as it reads the render."""
+    x = faces(n, seed=seed, size=64, style="lorelei").images.float() / 255
     classifier = load_model("faces64-classifier")
     with torch.no_grad():
         again = torch.cat([model.reconstruct(x[i:i + 100]) for i in range(0, n, 100)])
-        read = classifier.predict(x)
-        read_again = classifier.predict(again)
-    row = {"source": source, "step": step, "psnr": round(psnr(again, x), 2)}
-    row |= {a: round(float((read_again[a] == read[a]).float().mean()), 3) for a in read}
-    return row
+        read, read_again = classifier.predict(x), classifier.predict(again)
+    return {"psnr": round(psnr(again, x), 2),
+            "agreement": {a: round(float((read_again[a] == read[a]).float().mean()), 3) for a in read}}
+
+
+def measure(source: str, n: int = 500, seed: int = 1) -> dict:
+    """`measure_model` of one run (its latest checkpoint) or model folder, with its step."""
+    path = Path(source)
+    model, step = (checkpoint_autoencoder(path) if (path / "checkpoint.pt").is_file() and not (path / "config.json").is_file()
+                   else (load_model(source), None))
+    row = measure_model(model, n, seed)
+    return {"source": source, "step": step, "psnr": row["psnr"], **row["agreement"]}
 
 
 def main() -> None:

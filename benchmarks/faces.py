@@ -75,6 +75,7 @@ import json
 import statistics
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -84,7 +85,8 @@ from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid
 from composable_ebm.atomic import write_atomic
 from composable_ebm.cli.common import _device as checked_device
-from composable_ebm.data import FACES_ATTRIBUTES, combination_mask, faces
+from composable_ebm.data import combination_mask, faces
+from composable_ebm.data.faces import STYLES
 from composable_ebm.configs import check_interval
 from composable_ebm.energy import Guided
 from composable_ebm.errors import InvalidInputError
@@ -94,48 +96,89 @@ from composable_ebm.expression import parse_expression
 from composable_ebm.pipeline import composed, has_guided_form
 
 ROOT = Path(__file__).resolve().parents[1]
-ATTRIBUTES = ("smiling", "glasses", "hat", "hair")
-COMPOSED = ("smiling", "glasses", "hat")
-HELD_OUT, = tomllib.loads((ROOT / "recipes" / "faces-base.toml").read_text())["data"]["holdout"]  # no model saw it
 FORMS = ("plain", "guided")
 SHEET_SAMPLES = 8
 
 
-def term(attribute: str, value: str) -> str:
-    return f"faces-{attribute}[{attribute}={value}]"
+@dataclass(frozen=True)
+class FacesTable:
+    """What one style's table measures: its models (``PREFIX-<attribute>``), their attributes and values, the three
+    composed, the held-out triple (from the base recipe), the classifier that reads the samples and the renders."""
+
+    style: str
+    prefix: str
+    size: int
+    recipe: Path  # the base recipe: its held-out triple
+    classifier: str
+    composed: tuple[str, str, str]
+    note: str = ""  # what the table's gaps read beyond an exact sampler's, where measured
+
+    @property
+    def values(self) -> dict[str, tuple[str, ...]]:
+        return dict(STYLES[self.style].attributes)
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        return tuple(self.values)
+
+    @property
+    def held_out(self) -> dict[str, str]:
+        held, = tomllib.loads(self.recipe.read_text())["data"]["holdout"]  # no model saw it
+        return held
+
+    def renders(self, n: int, seed: int):
+        return faces(n, seed=seed, size=self.size, style=self.style)
 
 
-def jobs() -> list[dict]:
+TABLES = {
+    "pixel-art": FacesTable("pixel-art", "faces", 16, ROOT / "recipes" / "faces-base.toml", "faces-classifier",
+                            ("smiling", "glasses", "hat"),
+                            ", and to every render 0.16-0.17 more in the `yes` rows of smiling, glasses and hat and"
+                            " about 0.07 more in the hair rows, which the held-out triple shifts"),
+    "lorelei": FacesTable("lorelei", "faces64", 64, ROOT / "recipes" / "latent" / "faces64-base.toml",
+                          "faces64-classifier", ("smiling", "glasses", "beard")),
+}
+"""The tables by ``--style``: the 16-px pixel-art faces and the 64-px lorelei faces (latent models)."""
+PIXEL_ART = TABLES["pixel-art"]
+ATTRIBUTES, COMPOSED, HELD_OUT = PIXEL_ART.attributes, PIXEL_ART.composed, PIXEL_ART.held_out
+
+
+def term(attribute: str, value: str, t: FacesTable = PIXEL_ART) -> str:
+    return f"{t.prefix}-{attribute}[{attribute}={value}]"
+
+
+def jobs(t: FacesTable = PIXEL_ART) -> list[dict]:
     """Every row of the table, in a fixed order (its index seeds its samples). Each names its expression, what a
     right sample reads (``want``: attribute -> accepted values) and which renders it is compared with."""
     out: list[dict] = []
-    for a in ATTRIBUTES:
-        for v in FACES_ATTRIBUTES[a]:
-            out.append({"kind": "alone", "expression": term(a, v), "want": {a: [v]}, "form": "auto"})
+    values, held = t.values, t.held_out
+    for a in t.attributes:
+        for v in values[a]:
+            out.append({"kind": "alone", "expression": term(a, v, t), "want": {a: [v]}, "form": "auto"})
     for form in FORMS:
         for arity in (2, 3):
-            for names in itertools.combinations(COMPOSED, arity):
-                for values in itertools.product(*(FACES_ATTRIBUTES[a] for a in names)):
-                    target = dict(zip(names, values, strict=True))
-                    text = " + ".join(term(a, v) for a, v in target.items())
+            for names in itertools.combinations(t.composed, arity):
+                for combo in itertools.product(*(values[a] for a in names)):
+                    target = dict(zip(names, combo, strict=True))
+                    text = " + ".join(term(a, v, t) for a, v in target.items())
                     out.append({"kind": "conjunction", "arity": arity, "form": form, "target": target,
                                 "expression": f"guided({text})" if form == "guided" else text,
-                                "want": {a: [v] for a, v in target.items()}, "held_out": target == HELD_OUT})
+                                "want": {a: [v] for a, v in target.items()}, "held_out": target == held})
         out += [{"kind": "moved"}] * 2  # two negation rows, now benchmarks.algebra's: the seeds after them stay
     out += [{"kind": "moved"}] * 2  # two OR rows, as well
     out = [dict(job, index=i) for i, job in enumerate(out)]  # a row's index is its seed, kept when a row leaves
     return [job for job in out if job["kind"] != "moved"]
 
 
-def _hits(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> torch.Tensor:
+def _hits(labels: dict[str, torch.Tensor], want: dict[str, list[str]], t: FacesTable = PIXEL_ART) -> torch.Tensor:
     """Per attribute of ``want``, whether each image's value is one of those accepted, ``(A, N)`` bool."""
-    return torch.stack([torch.isin(labels[a], torch.tensor([FACES_ATTRIBUTES[a].index(v) for v in values]))
+    return torch.stack([torch.isin(labels[a], torch.tensor([t.values[a].index(v) for v in values]))
                         for a, values in want.items()])
 
 
-def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]]) -> torch.Tensor:
+def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]], t: FacesTable = PIXEL_ART) -> torch.Tensor:
     """Which images have every attribute of ``want`` at an accepted value, ``(N,)`` bool."""
-    return _hits(labels, want).all(dim=0)
+    return _hits(labels, want, t).all(dim=0)
 
 
 def floor_sets(pool: torch.Tensor, n: int, most: int = 4) -> torch.Tensor:
@@ -156,7 +199,7 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
             scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None,
             data_read: dict[str, torch.Tensor] | None = None,
             intervals: dict[str, tuple[float, float]] | None = None,
-            device: str = "cpu") -> tuple[dict, torch.Tensor]:
+            device: str = "cpu", t: FacesTable = PIXEL_ART) -> tuple[dict, torch.Tensor]:
     """One row: its scores and its first samples (for the sheets). ``scales`` (attribute -> guidance scale) replaces
     the models' own guidance scales in a guided row, a model drawn guided on its own included, and ``intervals``
     (attribute -> the noise levels ``(lo, hi)`` a scale applies at) their guidance intervals; ``ladder``
@@ -176,27 +219,27 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
                         [(intervals or {}).get(a, i) for a, i in zip(bound, energy.intervals, strict=True)])
     samples = energy.sample(n, seed=job["index"], form=job["form"], **(ladder or {})).cpu()
     read = classifier.predict(samples)
-    hits = _hits(read, job["want"])
+    hits = _hits(read, job["want"], t)
     row = {k: job[k] for k in ("index", "kind", "form", "expression", "want") if k in job}
     row.update({k: job[k] for k in ("arity", "target", "held_out") if k in job})
     row["joint"] = float(hits.all(dim=0).float().mean())
     row["per_attribute"] = {a: float(h.float().mean()) for a, h in zip(job["want"], hits, strict=True)}
-    real_pool = fresh.images[_matching(fresh.labels, job["want"])].float() / 255
-    reference = data.images[_matching(data.labels, job["want"])][:500].float() / 255
+    real_pool = fresh.images[_matching(fresh.labels, job["want"], t)].float() / 255
+    reference = data.images[_matching(data.labels, job["want"], t)][:500].float() / 255
     real = floor_sets(real_pool, n)
     score = realism(samples, real, reference, classifier.features)
     row.update({"fid_ratio": score.fid_ratio, "hf_ratio": score.hf_ratio, "n": n, "n_real": int(real.shape[0])})
     if job["kind"] == "alone":
         (a, (v,)), = job["want"].items()
-        under = _matching(data.labels, job["want"])
-        trained = under & ~combination_mask(data.labels, FACES_ATTRIBUTES, [HELD_OUT])  # as the models' data
+        under = _matching(data.labels, job["want"], t)
+        trained = under & ~combination_mask(data.labels, t.values, [t.held_out])  # as the models' data
         for key, among in (("gaps", under), ("gaps_training", trained)):  # to every render; to the models' data
-            row[key] = {b: max_deviation(value_distribution(read[b], FACES_ATTRIBUTES[b]),
-                                         value_distribution(data.labels[b][among], FACES_ATTRIBUTES[b]))
-                        for b in ATTRIBUTES if b != a}
+            row[key] = {b: max_deviation(value_distribution(read[b], t.values[b]),
+                                         value_distribution(data.labels[b][among], t.values[b]))
+                        for b in t.attributes if b != a}
         if data_read is not None:  # what an exact sampler of the training split reads at this n
             floor = row_gap_floor(data_read, data.labels, a, v, n, FLOOR_DRAWS,
-                                  torch.Generator().manual_seed(job["index"]))
+                                  torch.Generator().manual_seed(job["index"]), t)
             row["gap_floor"] = [round(float(g), 6) for g in floor]
     return row, samples[:SHEET_SAMPLES]
 
@@ -225,17 +268,17 @@ def _resumed(table: Path, tensors: Path, settings: dict) -> tuple[list[dict], di
     return rows, {str(r["index"]): samples[str(r["index"])] for r in rows}, saved["minutes"]
 
 
-def _paths(out: Path, label: str, shard: tuple[int, int]) -> tuple[Path, Path]:
-    stem = f"faces-{label}-shard{shard[0]}of{shard[1]}"
+def _paths(out: Path, label: str, shard: tuple[int, int], t: FacesTable = PIXEL_ART) -> tuple[Path, Path]:
+    stem = f"{t.prefix}-{label}-shard{shard[0]}of{shard[1]}"
     return out / f"{stem}.json", out / f"{stem}.safetensors"
 
 
-def _sheet(rows: list[dict], samples: dict[str, torch.Tensor], fresh, path: Path) -> None:
+def _sheet(rows: list[dict], samples: dict[str, torch.Tensor], fresh, path: Path, t: FacesTable = PIXEL_ART) -> None:
     pairs = []
     for row in rows:
-        real = fresh.images[_matching(fresh.labels, row["want"])][:SHEET_SAMPLES].float() / 255
+        real = fresh.images[_matching(fresh.labels, row["want"], t)][:SHEET_SAMPLES].float() / 255
         pairs.append((samples[str(row["index"])], real))
-    save_image_grid(contact_sheet(pairs, per_row=SHEET_SAMPLES, scale=1)[None], path, scale=4)
+    save_image_grid(contact_sheet(pairs, per_row=SHEET_SAMPLES, scale=1)[None], path, scale=max(1, 64 // t.size))
 
 
 def _mean(values: list[float]) -> float:
@@ -258,7 +301,7 @@ def _mean_range(values: list[float]) -> str:
     return f"{_mean(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
-def alone_table(rows: list[dict], model_column: bool = True) -> list[str]:
+def alone_table(rows: list[dict], model_column: bool = True, t: FacesTable = PIXEL_ART) -> list[str]:
     """The table of each model alone: a line per value (a model card's table has no model column); where every row
     has its gap's floor (`row_gap_floor`), a column gives its median and 95th percentile, and where every row was
     drawn several times (`--repeats`), one its FID ratio's mean and range over the draws."""
@@ -273,7 +316,7 @@ def alone_table(rows: list[dict], model_column: bool = True) -> list[str]:
     for r in rows:
         (a, (v,)), = r["want"].items()
         gaps = [max(r[key].items(), key=lambda item: item[1]) for key in ("gaps", "gaps_training")]
-        lines.append((f"| faces-{a} " if model_column else "") + f"| {v} | {r['joint']:.3f} | {r['fid_ratio']:.1f} |"
+        lines.append((f"| {t.prefix}-{a} " if model_column else "") + f"| {v} | {r['joint']:.3f} | {r['fid_ratio']:.1f} |"
                      + (f" {_mean_range(r['fid_ratio_repeats'][:repeats])} |" if repeats > 1 else "")
                      + f" {r['hf_ratio']:.2f} |" + "".join(f" {b} {gap:.2f} |" for b, gap in gaps)
                      + (f" {_median_p95(torch.tensor(r['gap_floor']))} |" if floors else ""))
@@ -319,17 +362,19 @@ def device_flag(device: str) -> str:
 
 
 def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str, n: int, minutes: float,
-           models: str, options: str = "", device: str = "cpu") -> str:
+           models: str, options: str = "", device: str = "cpu", t: FacesTable = PIXEL_ART) -> str:
     """The docs section and its contact sheets; ``options``: the command's settings beyond the models' own."""
     images = ROOT / "docs" / "images"
     alone = [r for r in rows if r["kind"] == "alone"]
-    _sheet(alone, samples, fresh, images / f"faces-{label}-alone.png")
+    _sheet(alone, samples, fresh, images / f"{t.prefix}-{label}-alone.png", t)
     fid = sorted(r["fid_ratio"] for r in alone)
+    style = "" if t is PIXEL_ART else f" --style {t.style}"
+    triple = " + ".join(t.composed)
     lines = [
-        f"## Faces models ({label})", "",
-        f"`python -m benchmarks.faces --models {models}{device_flag(device)}{options} --n {n} --label {label}` (as"
-        f" shards and `--merge`) on {machine()}, {spent(minutes, device)}. Every row is {n} samples drawn as a user"
-        " draws them, read by the faces classifier (a model on its own runs its `[sampling.alone]` settings, and is"
+        f"## {t.prefix.capitalize()} models ({label})", "",
+        f"`python -m benchmarks.faces{style} --models {models}{device_flag(device)}{options} --n {n} --label {label}`"
+        f" (as shards and `--merge`) on {machine()}, {spent(minutes, device)}. Every row is {n} samples drawn as a user"
+        f" draws them, read by {t.classifier} (a model on its own runs its `[sampling.alone]` settings, and is"
         " drawn guided where its settings say `guided_alone`); FID ratio in"
         " the classifier's features against fresh renders of what the row asks for (over the floor of as many fresh"
         " renders; it grows with the number of samples, so compare tables of one `--n`); HF ratio: high-frequency"
@@ -339,19 +384,19 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
         f" exactly reads to the training split only the noise of {n} samples (\"Faces: the gaps' floor\" below"
         + (f"; the last column: {n} of the training renders of the row's value drawn at random {FLOOR_DRAWS} times"
            if all("gap_floor" in r for r in alone) else "")
-        + "), and to every render 0.16-0.17 more in the `yes` rows of smiling, glasses and hat and about 0.07 more"
-        " in the hair rows, which the held-out triple shifts.", "",
+        + f"){t.note}.", "",
         "**Each model alone** (targets: every value >= 0.95, gaps <= 0.10, median FID ratio <= 3, worst <= 6, HF"
         f" ratio <= 1.5): median FID ratio **{statistics.median(fid):.1f}** (worst {fid[-1]:.1f}); accuracy mean"
         f" {_mean([r['joint'] for r in alone]):.3f} (worst {min(r['joint'] for r in alone):.3f}); {largest_gaps(alone)}.",
         "",
-        *alone_table(alone),
+        *alone_table(alone, t=t),
     ]
-    lines += ["", f"![faces alone, {label}](images/faces-{label}-alone.png)", "",
-              "Samples (left) beside fresh renders (right), one row per value: smiling no/yes, glasses no/yes, hat"
-              " no/yes, hair blond/brown/dark/red.", "",
-              "**Every conjunction** of smiling, glasses and hat, every value (targets: mean joint >= 0.95 / 0.92 for"
-              " 2 / 3 attributes, worst >= 0.75, the held-out triple >= 0.85, composites' median FID ratio <= 4):", "",
+    lines += ["", f"![{t.prefix} alone, {label}](images/{t.prefix}-{label}-alone.png)", "",
+              "Samples (left) beside fresh renders (right), one row per value: "
+              + ", ".join(f"{a} {'/'.join(v)}" for a, v in t.values.items()) + ".", "",
+              f"**Every conjunction** of {', '.join(t.composed[:-1])} and {t.composed[-1]}, every value (targets: mean"
+              " joint >= 0.95 / 0.92 for 2 / 3 attributes, worst >= 0.75, the held-out triple >= 0.85, composites'"
+              " median FID ratio <= 4):", "",
               "| form | attributes | composites | mean joint | worst | median FID ratio | median HF ratio |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for form in FORMS:
@@ -363,7 +408,7 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
                          f" {statistics.median(r['fid_ratio'] for r in group):.1f} |"
                          f" {statistics.median(r['hf_ratio'] for r in group):.2f} |")
     held = {r["form"]: r for r in rows if r.get("held_out")}
-    lines += ["", "The held-out triple `smiling + glasses + hat` (no model saw a face with all three): "
+    lines += ["", f"The held-out triple `{triple}` (no model saw a face with all three): "
               + "; ".join(f"{form} joint {held[form]['joint']:.3f}, FID ratio {held[form]['fid_ratio']:.1f}"
                           for form in FORMS if form in held) + ".", "",
               "| composite | plain joint | guided joint | plain FID ratio | guided FID ratio |",
@@ -371,12 +416,12 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
     conj = [r for r in rows if r["kind"] == "conjunction"]
     for target in [r["target"] for r in conj if r["form"] == "plain"]:
         pair = {r["form"]: r for r in conj if r["target"] == target}
-        name = " + ".join(f"{a}={v}" for a, v in target.items()) + (" (held out)" if target == HELD_OUT else "")
+        name = " + ".join(f"{a}={v}" for a, v in target.items()) + (" (held out)" if target == t.held_out else "")
         lines.append(f"| {name} | {pair['plain']['joint']:.3f} | {pair['guided']['joint']:.3f} |"
                      f" {pair['plain']['fid_ratio']:.1f} | {pair['guided']['fid_ratio']:.1f} |")
     guided = [r for r in conj if r["form"] == "guided"]
-    _sheet(guided, samples, fresh, images / f"faces-{label}-guided.png")
-    lines += ["", f"![guided faces composites, {label}](images/faces-{label}-guided.png)", "",
+    _sheet(guided, samples, fresh, images / f"{t.prefix}-{label}-guided.png", t)
+    lines += ["", f"![guided {t.prefix} composites, {label}](images/{t.prefix}-{label}-guided.png)", "",
               "Guided composites (left) beside renders of the same combination (right), in the table's order; the"
               " held-out triple is the last row. Negation, OR, weights and temperature: \"The algebra, both"
               " families\"."]
@@ -439,43 +484,45 @@ FLOOR_DRAWS = 500  # draws of an exact sampler per alone row, for the gaps' floo
 
 
 def row_gap_floor(read: dict[str, torch.Tensor], labels: dict[str, torch.Tensor], attribute: str, value: str, n: int,
-                  draws: int, generator: torch.Generator) -> torch.Tensor:
+                  draws: int, generator: torch.Generator, t: FacesTable = PIXEL_ART) -> torch.Tensor:
     """The largest gap to the training split that an exact sampler of it reads in the alone row ``attribute=value``
     at ``n`` samples, ``draws`` times ``(draws,)``: ``n`` of the training renders of that value at random (without
     replacement), read by the classifier as a row's samples are (``read``: its readings of every render), against the
     mix of the other attributes among all of them (``labels``: the renders' own)."""
-    trained = _matching(labels, {attribute: [value]}) & ~combination_mask(labels, FACES_ATTRIBUTES, [HELD_OUT])
+    trained = _matching(labels, {attribute: [value]}, t) & ~combination_mask(labels, t.values, [t.held_out])
     pool = trained.nonzero().squeeze(1)
     if n > len(pool):
         raise SystemExit(f"{n} samples per row is more than the {len(pool)} training renders of {attribute}={value}")
-    mix = {b: value_distribution(labels[b][trained], FACES_ATTRIBUTES[b]) for b in ATTRIBUTES if b != attribute}
+    mix = {b: value_distribution(labels[b][trained], t.values[b]) for b in t.attributes if b != attribute}
     gaps = []
     for _ in range(draws):
         picked = pool[torch.randperm(len(pool), generator=generator)[:n]]
-        gaps.append(max(max_deviation(value_distribution(read[b][picked], FACES_ATTRIBUTES[b]), mix[b]) for b in mix))
+        gaps.append(max(max_deviation(value_distribution(read[b][picked], t.values[b]), mix[b]) for b in mix))
     return torch.tensor(gaps)
 
 
-def gap_floor(data, classifier, ns: list[int], draws: int) -> dict[tuple[str, str, int], torch.Tensor]:
+def gap_floor(data, classifier, ns: list[int], draws: int,
+              t: FacesTable = PIXEL_ART) -> dict[tuple[str, str, int], torch.Tensor]:
     """`row_gap_floor` of every alone row at each ``n``: ``(attribute, value, n)`` -> ``(draws,)``."""
     read = classifier.predict(data.images.float() / 255)
     generator = torch.Generator().manual_seed(0)
-    return {(a, v, n): row_gap_floor(read, data.labels, a, v, n, draws, generator)
-            for a in ATTRIBUTES for v in FACES_ATTRIBUTES[a] for n in ns}
+    return {(a, v, n): row_gap_floor(read, data.labels, a, v, n, draws, generator, t)
+            for a in t.attributes for v in t.values[a] for n in ns}
 
 
 def gap_floor_report(floor: dict[tuple[str, str, int], torch.Tensor], ns: list[int], draws: int,
-                     minutes: float) -> str:
+                     minutes: float, t: FacesTable = PIXEL_ART) -> str:
     """The floor per row and of the table's headline (the largest over the alone rows), median and 95th percentile."""
-    rows = [(a, v) for a in ATTRIBUTES for v in FACES_ATTRIBUTES[a] if (a, v, ns[0]) in floor]
+    rows = [(a, v) for a in t.attributes for v in t.values[a] if (a, v, ns[0]) in floor]
     headline = {n: torch.stack([floor[a, v, n] for a, v in rows]).amax(dim=0) for n in ns}
     return "\n".join([
-        "## Faces: the gaps' floor",
+        f"## {t.prefix.capitalize()}: the gaps' floor",
         "",
-        f"`python -m benchmarks.faces --gap-floor {' '.join(map(str, ns))} --draws {draws}` on {machine()},"
+        f"`python -m benchmarks.faces{'' if t is PIXEL_ART else f' --style {t.style}'} --gap-floor"
+        f" {' '.join(map(str, ns))} --draws {draws}` on {machine()},"
         f" {minutes:.1f} minutes: what an exact sampler of the models' training split reads as the largest gap of each"
         " alone row (the other attributes' mix against the training split's under that value, as the table above"
-        " reads it): N of the training renders of that value drawn at random, read by the faces classifier,"
+        f" reads it): N of the training renders of that value drawn at random, read by {t.classifier},"
         f" {draws} times. Median / 95th percentile.",
         "",
         "**The headline** (the largest gap over the 10 alone rows, target <= 0.10): "
@@ -483,12 +530,13 @@ def gap_floor_report(floor: dict[tuple[str, str, int], torch.Tensor], ns: list[i
         "",
         "| model | value | " + " | ".join(f"N = {n}" for n in ns) + " |",
         "| --- | --- | " + " | ".join("---" for _ in ns) + " |",
-        *(f"| faces-{a} | {v} | " + " | ".join(_median_p95(floor[a, v, n]) for n in ns) + " |" for a, v in rows),
+        *(f"| {t.prefix}-{a} | {v} | " + " | ".join(_median_p95(floor[a, v, n]) for n in ns) + " |" for a, v in rows),
     ])
 
 
 def _write(args, rows: list[dict], samples: dict[str, torch.Tensor], fresh, minutes: float, models: str,
-           scales: str | None, ladder: dict[str, int], intervals: str | None = None, device: str = "cpu") -> None:
+           scales: str | None, ladder: dict[str, int], intervals: str | None = None, device: str = "cpu",
+           t: FacesTable = PIXEL_ART) -> None:
     """The docs section of a whole table (`report`), of a guidance screen (`screen_report`) or of a sampler screen
     (`sampler_report`), printed too."""
     if args.only == "alone":
@@ -499,24 +547,24 @@ def _write(args, rows: list[dict], samples: dict[str, torch.Tensor], fresh, minu
         write_section(f"faces-screen-{args.label}", text)
     else:
         text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, models,
-                      given_settings(ladder, scales, intervals)[0], device)
-        write_section(f"faces-{args.label}", text)
+                      given_settings(ladder, scales, intervals)[0], device, t)
+        write_section(f"{t.prefix}-{args.label}", text)
     print(text)
 
 
-def _scales(text: str | None) -> dict[str, float] | None:
+def _scales(text: str | None, t: FacesTable = PIXEL_ART) -> dict[str, float] | None:
     if text is None:
         return None
     out = {}
     for item in text.split(","):
         attribute, _, value = item.partition("=")
-        if attribute not in ATTRIBUTES or not value.replace(".", "", 1).isdigit():
-            raise SystemExit(f"--scales {text!r}: write ATTRIBUTE=SCALE,... with ATTRIBUTE one of {list(ATTRIBUTES)}")
+        if attribute not in t.attributes or not value.replace(".", "", 1).isdigit():
+            raise SystemExit(f"--scales {text!r}: write ATTRIBUTE=SCALE,... with ATTRIBUTE one of {list(t.attributes)}")
         out[attribute] = float(value)
     return out
 
 
-def _intervals(text: str | None) -> dict[str, tuple[float, float]] | None:
+def _intervals(text: str | None, t: FacesTable = PIXEL_ART) -> dict[str, tuple[float, float]] | None:
     if text is None:
         return None
     out = {}
@@ -527,8 +575,8 @@ def _intervals(text: str | None) -> dict[str, tuple[float, float]] | None:
             interval = check_interval((float(lo), float(hi)))
         except (ValueError, InvalidInputError):
             interval = None
-        if attribute not in ATTRIBUTES or interval is None:
-            raise SystemExit(f"--intervals {text!r}: write ATTRIBUTE=LO:HI,... with ATTRIBUTE one of {list(ATTRIBUTES)}"
+        if attribute not in t.attributes or interval is None:
+            raise SystemExit(f"--intervals {text!r}: write ATTRIBUTE=LO:HI,... with ATTRIBUTE one of {list(t.attributes)}"
                              " and 0 <= LO < HI")
         out[attribute] = interval
     return out
@@ -536,8 +584,10 @@ def _intervals(text: str | None) -> dict[str, tuple[float, float]] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="bundled", help="'bundled', or a folder of faces-<attribute>/model runs")
-    parser.add_argument("--classifier", default="faces-classifier", help="a folder or a bundled name")
+    parser.add_argument("--style", choices=sorted(TABLES), default="pixel-art",
+                        help="which faces: the 16-px pixel-art models (faces-*) or the 64-px lorelei ones (faces64-*)")
+    parser.add_argument("--models", default="bundled", help="'bundled', or a folder of PREFIX-<attribute>/model runs")
+    parser.add_argument("--classifier", default=None, help="a folder or a bundled name (default: the style's)")
     parser.add_argument("--n", type=int, default=64, help="samples per row")
     parser.add_argument("--label", default="bundled")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "faces-table")
@@ -569,13 +619,15 @@ def main() -> None:
                              " samples per row (section faces-gap-floor)")
     parser.add_argument("--draws", type=int, default=500, help="random draws per row and N for --gap-floor")
     args = parser.parse_args()
+    t = TABLES[args.style]
+    args.classifier = args.classifier or t.classifier
     if args.gap_floor:
         start = time.perf_counter()
         if args.threads:
             torch.set_num_threads(args.threads)
-        floor = gap_floor(faces(20000, seed=0, size=16), load(args.classifier), args.gap_floor, args.draws)
-        text = gap_floor_report(floor, args.gap_floor, args.draws, (time.perf_counter() - start) / 60)
-        write_section("faces-gap-floor", text)
+        floor = gap_floor(t.renders(20000, seed=0), load(args.classifier), args.gap_floor, args.draws, t)
+        text = gap_floor_report(floor, args.gap_floor, args.draws, (time.perf_counter() - start) / 60, t)
+        write_section(f"{t.prefix}-gap-floor", text)
         print(text)
         return
     if args.device != "cpu":
@@ -585,18 +637,18 @@ def main() -> None:
             raise SystemExit(str(err)) from None
     if args.repeats < 1 or (args.repeats > 1 and args.only != "alone"):
         raise SystemExit(f"--repeats {args.repeats}: give a whole number >= 1, and more than 1 only with --only alone")
-    scales, intervals = _scales(args.scales), _intervals(args.intervals)
+    scales, intervals = _scales(args.scales, t), _intervals(args.intervals, t)
     ladder = {k: v for k, v in (("levels", args.levels), ("steps", args.steps), ("first_steps", args.first_steps))
               if v is not None}
     if args.threads:
         torch.set_num_threads(args.threads)
-    fresh = faces(4000, seed=1, size=16)  # renders no model saw: the floor, the real side of realism, the sheets
-    todo = [j for j in jobs() if args.only is None or (args.only == "alone" and j["kind"] == "alone")
+    fresh = t.renders(4000, seed=1)  # renders no model saw: the floor, the real side of realism, the sheets
+    todo = [j for j in jobs(t) if args.only is None or (args.only == "alone" and j["kind"] == "alone")
             or (j["kind"] == "conjunction" and j["form"] == args.only)]
     if args.merge:
         rows, samples, minutes = [], {}, 0.0
         for i in range(args.merge):
-            table, tensors = _paths(args.out, args.label, (i, args.merge))
+            table, tensors = _paths(args.out, args.label, (i, args.merge), t)
             part = json.loads(table.read_text())
             rows += part["rows"]
             minutes += part["minutes"]
@@ -605,15 +657,15 @@ def main() -> None:
         if [r["index"] for r in rows] != [j["index"] for j in todo]:
             raise SystemExit(f"the {args.merge} shards hold {len(rows)} of {len(todo)} rows; run every shard first")
         _write(args, rows, samples, fresh, minutes, part["models"], part.get("scales") or args.scales,
-               part.get("ladder") or ladder, part.get("intervals") or args.intervals, part.get("device", "cpu"))
+               part.get("ladder") or ladder, part.get("intervals") or args.intervals, part.get("device", "cpu"), t)
         return
     index, _, count = args.shard.partition("/")
     shard = (int(index), int(count))
     start = time.perf_counter()
     classifier = load(args.classifier)
-    data = faces(20000, seed=0, size=16)  # the training renders, held-out faces included: the reference set
+    data = t.renders(20000, seed=0)  # the training renders, held-out faces included: the reference set
     data_read = classifier.predict(data.images.float() / 255)  # for the gaps' floor
-    table, tensors = _paths(args.out, args.label, shard)
+    table, tensors = _paths(args.out, args.label, shard, t)
     settings = {"models": args.models, "classifier": args.classifier, "n": args.n, "scales": args.scales,
                 "ladder": ladder, "only": args.only, **({"intervals": args.intervals} if args.intervals else {}),
                 **({"repeats": args.repeats} if args.repeats > 1 else {}),
@@ -624,11 +676,11 @@ def main() -> None:
         if job["index"] in done:
             continue
         row, first = measure(job, args.models, classifier, data, fresh, args.n, scales, ladder, data_read, intervals,
-                             args.device)
+                             args.device, t)
         if args.repeats > 1:  # the same row from other seeds: its FID ratio's spread
             row["fid_ratio_repeats"] = [row["fid_ratio"]] + [
                 measure({**job, "index": job["index"] + k * REPEAT_SEED_STRIDE}, args.models, classifier, data, fresh,
-                        args.n, scales, ladder, None, intervals, args.device)[0]["fid_ratio"]
+                        args.n, scales, ladder, None, intervals, args.device, t)[0]["fid_ratio"]
                 for k in range(1, args.repeats)]
         rows.append(row)
         samples[str(job["index"])] = first.contiguous()
@@ -638,7 +690,7 @@ def main() -> None:
     minutes = before + (time.perf_counter() - start) / 60
     _save_shard(table, tensors, rows, samples, minutes, settings)
     if shard[1] == 1:
-        _write(args, rows, samples, fresh, minutes, args.models, args.scales, ladder, args.intervals, args.device)
+        _write(args, rows, samples, fresh, minutes, args.models, args.scales, ladder, args.intervals, args.device, t)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,22 @@ class Energy(nn.Module):
     ``exp(-E)`` itself: `composable_ebm.pipeline.UNDECLARED`). Algebra nodes declare none: a composite's settings
     come from its parts."""
 
+    latent_space: Any = None
+    """The autoencoder whose latents this energy is over (`composable_ebm.latent.LatentSpace`, given when its model is
+    loaded); None for an energy over pixels or points. The pipeline decodes a latent energy's samples with it. A
+    composite's is its parts' one latent space."""
+
+    @property
+    def latent_source(self) -> str | None:
+        """The autoencoder this energy's model names (a bundled name, a Hub id or a folder), for the loader to give it
+        its `latent_space`; None: it names none. A network over latents overrides this."""
+        return None
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one sample as `sample` returns it: a decoded image for a latent energy, else ``input_shape``."""
+        return tuple(self.latent_space.image_shape) if self.latent_space is not None else self.input_shape
+
     takes_noise_level: bool = False
     """Whether `energy` takes the noise level (``energy(x, labels, sigma)``): noise-conditioned networks and the
     algebra nodes, which pass it to their terms."""
@@ -379,6 +395,7 @@ def _check_nesting(parts: Sequence[Energy]) -> int:
 def _check_compatible(parts: Sequence[Energy]) -> tuple[tuple[int, ...], tuple[float, float] | None]:
     first = parts[0]
     for other in parts[1:]:
+        _check_same_space(first, other)
         if other.input_shape != first.input_shape:
             raise ValueError(
                 f"cannot compose energies with different input shapes: {first.expression()} expects"
@@ -390,6 +407,21 @@ def _check_compatible(parts: Sequence[Energy]) -> tuple[tuple[int, ...], tuple[f
                 f" {first.value_range}, {other.expression()} has {other.value_range}"
             )
     return first.input_shape, first.value_range
+
+
+def _check_same_space(first: Energy, other: Energy) -> None:
+    """One line when two energies are not over the same space: the latents of two autoencoders, or latents and
+    pixels (a sum there would add energies of different things)."""
+    a, b = first.latent_space, other.latent_space
+    if a == b:
+        return
+    if a is not None and b is not None:
+        raise ValueError(f"cannot compose energies over different autoencoders' latents: {first.expression()} is over"
+                         f" the latents of {a}, {other.expression()} over those of {b}; compose models that share one"
+                         " autoencoder")
+    latent, pixel = (first, other) if a is not None else (other, first)
+    raise ValueError(f"cannot compose a latent energy with one over pixels: {latent.expression()} is over the latents"
+                     f" of {latent.latent_space}, {pixel.expression()} over pixels; compose models of one kind")
 
 
 class _Composite(Energy):
@@ -404,6 +436,7 @@ class _Composite(Energy):
         depth = _check_nesting(parts)  # before any module is built: a tree too deep is one line
         super().__init__(input_shape, value_range, attributes)
         self._nesting = depth
+        self.latent_space = parts[0].latent_space  # the parts' one space (`_check_compatible`)
 
     @property
     def noise_conditioned(self) -> bool:

@@ -118,7 +118,10 @@ def model_card(model: nn.Module, recipe: str | list[tuple[str, str]] | None = No
         f"{kind[:1].upper()}{kind[1:]} with {params:,} parameters, saved by composable_ebm as `config.json` +",
         "`model.safetensors`.",
     ]
-    if energy:
+    if energy and model.latent_source is not None:
+        lines += ["", f"An energy over the latents `{model.input_shape}` of the autoencoder `{model.latent_source}`,"
+                  " which loading it loads too; its samples are decoded once, after the chain, into images."]
+    elif energy:
         lines += ["", f"Input shape: `{model.input_shape}`; value range: `{model.value_range}`."]
     if attributes:
         lines += ["", "Attributes it is conditioned on:" if energy else "Attributes it predicts:", ""]

@@ -18,7 +18,7 @@ from torch import nn
 
 from composable_ebm.configs import MAX_CONFIG_BYTES
 from composable_ebm.energy import Energy, NoiseConditioned
-from composable_ebm.errors import InvalidInputError, ModelFileError, ModelNotFoundError, NonFiniteError
+from composable_ebm.errors import CebmError, InvalidInputError, ModelFileError, ModelNotFoundError, NonFiniteError
 from composable_ebm.folders import CARD_NAME, CONFIG_NAME
 from composable_ebm.hub import (
     cached_models,
@@ -30,6 +30,7 @@ from composable_ebm.hub import (
     split_revision,
     upload_folder,
 )
+from composable_ebm.latent import LatentSpace
 from composable_ebm.model_cards import model_card
 from composable_ebm.model_types import model_class
 from composable_ebm.persistence import (
@@ -43,7 +44,8 @@ from composable_ebm.persistence import (
 from composable_ebm.sampling import SamplingDefaults
 
 __all__ = [
-    "BUNDLED_DIR", "bundled_models", "from_pretrained", "list_models", "load_model", "model_from_payload",
+    "BUNDLED_DIR", "bundled_models", "from_pretrained", "list_models", "load_latent_space", "load_model",
+    "model_from_payload",
     "model_payload", "push_folder", "push_to_hub", "resolve_source", "sampling_defaults", "save_model",
     "save_pretrained",
 ]
@@ -149,7 +151,30 @@ def _load_folder(folder: Path, device: torch.device | str) -> nn.Module:
         model.card = card.read_text(encoding="utf-8", errors="replace")  # a push keeps it (license, results)
     if isinstance(model, Energy):
         model.sampling_defaults = sampler
+        if model.latent_source is not None:
+            space = load_latent_space(model.latent_source, folder, device, named_by=model.name)
+            if space.latent_shape != model.input_shape:
+                raise ModelFileError(f"{folder}: {model.name} takes inputs of shape {model.input_shape}, but its"
+                                     f" autoencoder {space} makes latents of shape {space.latent_shape}")
+            model.latent_space = space
     return model
+
+
+def load_latent_space(source: str, relative_to: Path | None = None, device: torch.device | str = "cpu",
+                      named_by: str = "the model") -> LatentSpace:
+    """The latent space of the autoencoder ``source`` names: a folder relative to ``relative_to`` (the naming model's
+    folder) when one is there, else a bundled name, a Hub id or a folder, as `load_model` takes them. An autoencoder
+    that is missing, corrupt or not an autoencoder is one line naming ``named_by`` and ``source``."""
+    local = relative_to / source if relative_to is not None and not Path(source).is_absolute() else None
+    try:
+        with torch.device("cpu"):  # read whole whatever default device the caller set (a meta skeleton's, say)
+            autoencoder = load_model(local if local is not None and local.is_dir() else source, device)
+    except CebmError as err:
+        raise type(err)(f"{named_by} is over the latents of {source!r}, which did not load: {err}") from err
+    if not isinstance(autoencoder, model_class("autoencoder")):
+        raise ModelFileError(f"{named_by} names {source!r} as its autoencoder, but that is a"
+                             f" {type(autoencoder).__name__} model, not an autoencoder (cebm train-autoencoder)")
+    return LatentSpace(autoencoder, source)
 
 
 def bundled_models() -> list[str]:
@@ -214,8 +239,19 @@ def push_folder(folder: str | Path, repo_id: str, revision: str | None = None, p
     returns the commit's URL. See `composable_ebm.hub.upload_folder`."""
     check_target(repo_id, revision)  # before the load: a bad name is refused at once
     model_files(Path(folder))  # links and non-files refused before anything is read
-    load_model(Path(folder))
+    _check_portable(load_model(Path(folder)), Path(folder))
     return upload_folder(folder, repo_id, revision, private, token, commit_message)
+
+
+def _check_portable(model: nn.Module, folder: Path) -> None:
+    """One line when a latent model names its autoencoder by a folder of this machine: on the Hub it would not load."""
+    source = model.latent_source if isinstance(model, Energy) else None
+    if source is None or source in bundled_models():
+        return
+    if (folder / source).is_dir() or looks_local(source) or not is_repo_id(split_revision(source, None)[0]):
+        raise InvalidInputError(f"{folder} names its autoencoder by the folder {source!r}, which would not load from"
+                                " the Hub: push the autoencoder first (cebm push FOLDER ORG/NAME) and train with"
+                                " [model] autoencoder = \"ORG/NAME\"")
 
 
 def push_to_hub(model: nn.Module, repo_id: str, revision: str | None = None, private: bool = False,

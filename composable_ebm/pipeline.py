@@ -262,7 +262,8 @@ RUN_OPTIONS = ("x0", "labels", "seed", "generator", "device", "keep_every", "pro
 def run(chosen: Plan, n: int | None = None, *, x0: Tensor | None = None, labels: Any = None, seed: int | None = None,
         generator: torch.Generator | None = None, device: torch.device | str | None = None, keep_every: int = 0,
         progress: bool = False, callback: Any = None, speed: Any = None) -> SampleResult:
-    """Run a `plan`: its chain on its energy (`composable_ebm.sampling.sample`), a mixture branch by branch.
+    """Run a `plan`: its chain on its energy (`composable_ebm.sampling.sample`), a mixture branch by branch; a latent
+    energy's samples (and kept states) decoded once, at the end, by its latent space (`composable_ebm.latent`).
 
     A chain with an accept/reject step (MALA) that accepted no proposal at all is refused in one line: its samples
     would be the starting noise.
@@ -279,7 +280,11 @@ def run(chosen: Plan, n: int | None = None, *, x0: Tensor | None = None, labels:
             f"{chosen.config.method} accepted none of {acc.numel()} steps' proposals for {chosen.energy.expression()},"
             f" so the samples are the starting noise: its proposals ({chosen.config.summary()}) are too far for this"
             " energy; lower the step size" + (" or the noise" if "noise" in _fields(chosen.config) else ""))
-    return result
+    space = chosen.energy.latent_space
+    if space is None:
+        return result
+    chain = None if result.chain is None else torch.stack([space.decode(frame) for frame in result.chain])
+    return dataclasses.replace(result, samples=space.decode(result.samples), chain=chain, latents=result.samples)
 
 
 def _fields(config: Chain | type) -> set[str]:

@@ -28,6 +28,7 @@ file's, as a last layer on top of it and its bases.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import tomllib
 import zlib
 from collections.abc import Sequence
@@ -36,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
+from composable_ebm.atomic import write_atomic
 from composable_ebm.configs import config_from_dict
 from composable_ebm.data import DATASETS, DataConfig, ImageDataset
 from composable_ebm.energy import Energy, NoiseConditioned
@@ -176,6 +179,43 @@ def build_dataset(cfg: DataConfig, base: Path | None = None) -> ImageDataset | t
     return data.select_attributes(cfg.attributes) if isinstance(data, ImageDataset) else data
 
 
+def recipe_latent_space(recipe: Recipe) -> Any:
+    """The `composable_ebm.latent.LatentSpace` of the autoencoder the recipe's ``[model] autoencoder`` names (a
+    folder relative to the recipe's, a bundled name or a Hub id), or None for a model over pixels."""
+    from composable_ebm.models import load_latent_space
+
+    source = recipe.model.get("autoencoder")
+    if source is None:
+        return None
+    name = recipe.model.get("name")
+    return load_latent_space(str(source), recipe.folder, named_by=f"the recipe's model {name!r}" if name else
+                             "the recipe's model")
+
+
+def encode_dataset(data: ImageDataset, space: Any, cache: Path | None = None) -> ImageDataset:
+    """The dataset with each image replaced by its standardised latent (float32): what a latent energy trains on.
+    With a ``cache`` folder the latents are kept there, named by a digest of the autoencoder and the images, so the
+    same images encoded by the same autoencoder (another attribute's run, a resumed one) are read, not encoded."""
+    if tuple(data.images.shape[1:]) != space.image_shape:
+        raise InvalidInputError(f"the data's images have shape {tuple(data.images.shape[1:])}; the autoencoder"
+                                f" {space} encodes {space.image_shape}: give the data that size (e.g. [data] size)")
+    path = None
+    if cache is not None:
+        digest = hashlib.sha256(space.fingerprint.encode("utf-8"))
+        digest.update(str((data.images.dtype, tuple(data.images.shape))).encode("utf-8"))
+        digest.update(data.images.contiguous().numpy().tobytes())
+        path = cache / f"latents-{digest.hexdigest()[:24]}.safetensors"
+    if path is not None and path.is_file():
+        latents = load_file(path)["latents"]
+    else:
+        latents = space.encode(data.images)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, lambda tmp: save_file({"latents": latents.contiguous()}, tmp))
+    return ImageDataset(latents, dict(data.labels), dict(data.attributes), data.name,
+                        {**data.info, "autoencoder": str(space)})
+
+
 def build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
     """The recipe's energy network, conditioned on the data's selected attributes.
 
@@ -191,7 +231,11 @@ def build_model_from_shapes(recipe: Recipe) -> Energy:
     """The recipe's network with its input shape and attributes read from the data's description
     (`DataConfig.describe`: no images decoded), for reading a checkpoint."""
     attributes, shape = recipe.data.describe(recipe.folder)
-    return _seeded_model(recipe, {a: attributes[a] for a in recipe.data.attributes}, shape)
+    space = recipe_latent_space(recipe)
+    model = _seeded_model(recipe, {a: attributes[a] for a in recipe.data.attributes},
+                          shape if space is None else space.latent_shape)
+    model.latent_space = space
+    return model
 
 
 def _seeded_model(recipe: Recipe, attributes: dict[str, tuple[str, ...]] | None,
@@ -213,6 +257,9 @@ def _build_model(recipe: Recipe, attributes: dict[str, tuple[str, ...]] | None,
     if attributes is not None and shape is not None and len(shape) == 3:
         decided.update(attributes=dict(attributes), null_condition=bool(attributes) and recipe.trainer.label_dropout > 0,
                        in_channels=shape[0], image_size=shape[1])
+    source = recipe.model.get("autoencoder")
+    if source is not None and recipe.folder is not None and (recipe.folder / str(source)).is_dir():
+        decided["autoencoder"] = str((recipe.folder / str(source)).resolve())  # a folder, named from anywhere
     config = dataclasses.replace(config, **{k: v for k, v in decided.items() if k in fields})
     model = cls(config)
     model.sampling_defaults = recipe.sampling

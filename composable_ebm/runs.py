@@ -243,7 +243,6 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     end (`TrainedRun.stopped` says why), and ``cebm train`` resumes from there. `export_run` makes a model folder
     from any run's checkpoint.
     """
-    from composable_ebm.recipes import build_dataset, build_model
     from composable_ebm.training import Trainer, init_distributed
 
     say = echo or (lambda line: None)
@@ -252,8 +251,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     init_distributed(device)
-    data = build_dataset(spec.data, spec.folder)
-    model = build_model(spec, data)
+    data, model = _data_and_model(spec, say)
     trainer = Trainer(model, data, spec.trainer, out_dir=out, device=torch.device(device))
     try:
         aside, resumed_from, init_changes = _start(trainer, model, spec, out, resume=resume, overwrite=overwrite,
@@ -264,7 +262,7 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
         _say_estimate(trainer, total, say)
         summary, stopped, seconds, peak = _fit(trainer, total, progress, max_minutes, resumed_from or 0)
         ema = trainer.ema
-        ema.sampling_defaults = model.sampling_defaults
+        ema.sampling_defaults, ema.latent_space = model.sampling_defaults, model.latent_space
         if trainer.rank == 0:
             _save_run(trainer, recipe, out, summary, license, _card_notes(init, init_changes, precision, settings))
             say(f"stopped at step {summary.steps} of {total} ({stopped}); checkpoint and model saved; run the same"
@@ -275,6 +273,23 @@ def train_recipe(recipe: str | Path, out: str | Path, *, steps: int | None = Non
                           stopped if summary.stopped else None)
     finally:
         trainer.close()
+
+
+def _data_and_model(spec: Any, say: Callable[[str], None]) -> tuple[Any, Any]:
+    """The recipe's data and its network; a latent model's data encoded by its autoencoder, whose latent space the
+    network is given (`composable_ebm.latent`)."""
+    from composable_ebm.data.npm import cache_root
+    from composable_ebm.recipes import build_dataset, build_model, encode_dataset, recipe_latent_space
+
+    data = build_dataset(spec.data, spec.folder)
+    space = recipe_latent_space(spec)
+    if space is not None:
+        say(f"the latents of {len(data):,} images by {space}: a latent model trains on them (encoded once, kept in"
+            f" {cache_root()})")
+        data = encode_dataset(data, space, cache=cache_root())
+    model = build_model(spec, data)
+    model.latent_space = space
+    return data, model
 
 
 def _checked_recipe(recipe: Path, out: Path, settings: Sequence[str], precision: str | None, steps: int | None,

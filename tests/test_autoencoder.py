@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import pytest
@@ -89,8 +91,15 @@ def test_a_stopped_training_run_resumes_to_the_weights_of_one_that_ran_through(t
     assert said[0] == "resumed from step 2" and resumed.steps == 6
     for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
-    with pytest.raises(InvalidInputError, match="was trained with other settings"):
-        fit_autoencoder(images, tmp_path / "split", TINY, AutoencoderTraining(steps=8, batch_size=4, held_out=4))
+    with pytest.raises(InvalidInputError, match=r"was trained with other settings .*\(--steps may differ\)"):
+        fit_autoencoder(images, tmp_path / "split", TINY, AutoencoderTraining(steps=6, batch_size=8, held_out=4,
+                                                                            checkpoint_every=2))
+    longer = fit_autoencoder(images, tmp_path / "split", TINY, dataclasses.replace(training, steps=8))
+    assert longer.steps == 8 and not torch.equal(longer.model.decoder[-1].weight, whole.model.decoder[-1].weight)
+    said.clear()  # a count the run has reached finishes it at once, with the weights it has
+    shorter = fit_autoencoder(images, tmp_path / "split", TINY, dataclasses.replace(training, steps=4), echo=said.append)
+    assert shorter.steps == 8 and said[0] == "resumed from step 8" and said[-1].startswith("trained 8 steps")
+    assert torch.equal(shorter.model.decoder[-1].weight, longer.model.decoder[-1].weight)
 
 
 def test_cebm_train_autoencoder_trains_and_refuses_a_bad_exclusion_in_one_line(tmp_path):

@@ -23,6 +23,7 @@ ATTRIBUTE_MODELS = {"shapes-shape": "shape", "shapes-color": "color", "shapes-si
                     "mnist-slant": "slant"}
 CLASSIFIERS = {"shapes-classifier": set(SHAPES_ATTRIBUTES), "faces-classifier": set(FACES_ATTRIBUTES),
                "mnist-classifier": {"digit"}, "faces64-classifier": {"smiling", "glasses", "beard", "hair"}}
+AUTOENCODERS = {"faces64-autoencoder": (3, 64, 64)}  # name -> the images it encodes
 INPUT_SHAPES = {"shapes": (3, 16, 16), "faces": (3, 16, 16), "mnist": (1, 28, 28),
                 "faces64": (3, 64, 64)}  # by the name's family
 NOISE_CONDITIONED = sorted(n for n in ATTRIBUTE_MODELS if n.startswith(("faces-", "mnist-")))
@@ -31,7 +32,16 @@ needs_node = pytest.mark.skipif(shutil.which("node") is None or shutil.which("np
 
 
 def test_every_attribute_model_and_the_classifiers_are_bundled():
-    assert set(bundled_models()) == {*ATTRIBUTE_MODELS, *CLASSIFIERS}
+    assert set(bundled_models()) == {*ATTRIBUTE_MODELS, *CLASSIFIERS, *AUTOENCODERS}
+
+
+@pytest.mark.parametrize("name", sorted(AUTOENCODERS))
+def test_a_bundled_autoencoder_loads_by_short_name_and_keeps_an_image(name):
+    model = cebm.load(name)
+    shape = AUTOENCODERS[name]
+    x = torch.rand(2, *shape)
+    assert model.encode(x).shape == (2, *model.config.latent_shape) and model.reconstruct(x).shape == x.shape
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # float16 on disk, float32 when loaded
 
 
 @pytest.mark.parametrize("name", sorted(ATTRIBUTE_MODELS))
@@ -177,7 +187,7 @@ def test_each_bundled_card_is_produced_from_model_cards_and_states_the_files_as_
     config = json.loads((BUNDLED_DIR / name / "config.json").read_text())["config"]
     block = re.search(r"## Config\n\n```json\n(.*?)\n```", card, re.S).group(1)
     assert json.loads(block) == config
-    if name not in CLASSIFIERS:
+    if name not in CLASSIFIERS and name not in AUTOENCODERS:
         recipe = "shapes-color-palette.toml" if name == "shapes-color" else f"{name}.toml"
         for file, text in recipe_text(root / "recipes" / recipe):
             assert f"`{file}`:\n\n```toml\n{text.strip()}\n```" in card, file

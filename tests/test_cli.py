@@ -169,7 +169,7 @@ def test_every_bundled_recipe_parses_into_a_network_and_data_of_one_shape(path):
         pytest.skip(f"its data is not here: {err}")
     with torch.device("meta"):
         model = build_model_from_shapes(recipe)
-    assert tuple(model.input_shape) == tuple(shape)
+    assert tuple(model.sample_shape) == tuple(shape)  # a latent model's samples are decoded images of the data's shape
     assert dict(model.attributes) == {a: tuple(attributes[a]) for a in recipe.data.attributes}
 
 

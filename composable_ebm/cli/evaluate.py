@@ -126,9 +126,11 @@ def eval_ood(
     bindings = _parse_bindings(condition)
     if bindings:
         energy = energy.condition(**bindings)
-    shape = tuple(energy.input_shape)
-    typer.echo(json.dumps({"auroc": ood_auroc(energy, _ood_images(in_data, shape, n, seed),
-                                              _ood_images(out_data, shape, n, seed + 1)), "n": n}))
+    shape, space = tuple(energy.sample_shape), energy.latent_space
+    inside, outside = _ood_images(in_data, shape, n, seed), _ood_images(out_data, shape, n, seed + 1)
+    if space is not None:  # a latent energy scores the images' latents
+        inside, outside = space.encode(inside), space.encode(outside)
+    typer.echo(json.dumps({"auroc": ood_auroc(energy, inside, outside), "n": n}))
 
 
 def _ood_images(name: str, shape: tuple[int, int, int], n: int, seed: int) -> torch.Tensor:

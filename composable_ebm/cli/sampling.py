@@ -111,9 +111,9 @@ def _sample_to_files(chosen, output: Path, *, n: int, seed: int, chain: Path | N
     from composable_ebm.pipeline import run
 
     energy = chosen.energy
-    images = len(energy.input_shape) == 3
+    images = len(energy.sample_shape) == 3
     if chain is not None and not images:
-        raise ValueError(f"--chain draws image strips; this energy takes inputs of shape {energy.input_shape}")
+        raise ValueError(f"--chain draws image strips; this energy takes inputs of shape {energy.sample_shape}")
     total = chosen.config.total_steps
     keep = (max(1, total // 10) if total else 1) if chain is not None else 0
     result = run(chosen, n, seed=seed, progress=progress, keep_every=keep)
@@ -125,7 +125,7 @@ def _sample_to_files(chosen, output: Path, *, n: int, seed: int, chain: Path | N
     elif energy.input_shape == (2,):
         save_scatter(result.samples, output, energy.value_range)
     else:
-        raise ValueError(f"cannot draw samples of shape {energy.input_shape}; use composable_ebm.sample in Python")
+        raise ValueError(f"cannot draw samples of shape {energy.sample_shape}; use composable_ebm.sample in Python")
     typer.echo(f"wrote {output}")
     if chain is not None:
         save_chain_strip(result.chain, chain)

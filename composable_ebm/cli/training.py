@@ -150,11 +150,16 @@ def train_autoencoder_command(
         help="Channels at each resolution, full first; each further width halves the side (three widths: f4).")]
         = "32,48,64",
     blocks: Annotated[int, typer.Option(min=0, help="Residual blocks at each resolution.")] = 1,
-    steps: Annotated[int, typer.Option(min=1, help="Training steps (Adam, cosine decay).")] = 6000,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps (Adam, cosine decay); a resumed run may change them"
+                                       " (a count it has reached finishes it at once).")] = 6000,
     batch_size: Annotated[int, typer.Option(min=1)] = 32,
     lr: Annotated[float, typer.Option(min=0.0)] = 1e-3,
     edge_weight: Annotated[float, typer.Option(
         min=0.0, help="Weight of the L1 error of the image's horizontal and vertical differences (thin lines).")] = 1.0,
+    worst_weight: Annotated[float, typer.Option(
+        min=0.0, help="Weight of the mean error of each image's worst reconstructed pixels (--worst-share of them):"
+        " thin lines a blur erases.")] = 0.0,
+    worst_share: Annotated[float, typer.Option(min=0.001, max=1.0)] = 0.02,
     exclude: Annotated[list[str], typer.Option(
         help="attr=value,attr=value: a combination whose images are left out (repeatable), e.g. the held-out one.")]
         = [],  # noqa: B006
@@ -181,6 +186,7 @@ def train_autoencoder_command(
     config = AutoencoderConfig(name=f"{folder.name}-autoencoder", image_size=size, latent_channels=latent_channels,
                                widths=parsed, blocks=blocks)
     training = AutoencoderTraining(steps=steps, batch_size=batch_size, lr=lr, edge_weight=edge_weight,
+                                   worst_weight=worst_weight, worst_share=worst_share,
                                    held_out=held_out, checkpoint_every=checkpoint_every, seed=seed)
     left_out = [_parse_bindings([e]) for e in exclude]
     data = attribute_folder(folder, image_size=size)

@@ -12,7 +12,8 @@ corrections of the annealed samplers. Dividing by ``sigma`` makes ``-dE/dx`` the
 when ``d/dx ||f||^2 / 2`` predicts the unit noise (denoising score matching, Vincent 2011;
 `composable_ebm.training.denoising`).
 
-The U-Net sees the image through the EDM preconditioning (Karras et al. 2022): ``c_in (x - 1/2)`` with
+The U-Net sees the image through the EDM preconditioning (Karras et al. 2022): ``c_in (x - 1/2)`` (``c_in x`` for
+standardised latents, `DenoisingUNetConfig.autoencoder`) with
 ``c_in = 1 / sqrt(sigma^2 + sigma_data^2)``, and the level as ``log(sigma) / 4``, which enters every residual
 block by FiLM together with the condition's one-hot code (zeros for an unbound attribute: the null condition
 that label dropout trains). ``f`` is divided by ``sqrt(c_in)`` so that ``d/dx ||f||^2 / 2`` is the U-Net's own
@@ -70,8 +71,15 @@ class DenoisingUNetConfig(JSONConfig):
     null_condition: bool = False
     """the all-zero condition was trained (label dropout), so an unbound attribute gives the model's
     unconditional energy; without it an unbound attribute is refused"""
+    autoencoder: str | None = None
+    """the autoencoder whose standardised latents this energy is over (a bundled name, a Hub id, or a folder relative
+    to the model's; `composable_ebm.latent`): its input is then unbounded and centred on 0, and ``image_size`` and
+    ``in_channels`` are the latents'. None: an energy over pixels in ``[0, 1]``"""
 
     def __post_init__(self) -> None:
+        if self.autoencoder is not None and (not isinstance(self.autoencoder, str) or not self.autoencoder.strip()):
+            raise InvalidInputError(f"DenoisingUNetConfig.autoencoder must name an autoencoder (a bundled name, a Hub"
+                                    f" id or a folder), got {self.autoencoder!r}")
         check_size("DenoisingUNetConfig", "image_size", self.image_size, high=MAX_IMAGE_SIZE)
         check_size("DenoisingUNetConfig", "in_channels", self.in_channels, high=64)
         check_size("DenoisingUNetConfig", "blocks", self.blocks, high=16)
@@ -113,7 +121,10 @@ class DenoisingUNetEnergy(Pretrained, AttributeCodes, NoiseConditioned):
 
     def __init__(self, config: DenoisingUNetConfig) -> None:
         c = config
-        super().__init__((c.in_channels, c.image_size, c.image_size), (0.0, 1.0), c.attributes)
+        latent = c.autoencoder is not None
+        super().__init__((c.in_channels, c.image_size, c.image_size), None if latent else (0.0, 1.0), c.attributes)
+        self.centre = 0.0 if latent else 0.5
+        """the middle of the data the preconditioning subtracts: standardised latents' 0, pixels' 1/2"""
         self.config = config
         cond_dim = sum(len(v) for v in c.attributes.values())
         self.embed_level = nn.Sequential(nn.Linear(c.embedding, c.embedding), Swish(), nn.Linear(c.embedding, c.embedding))
@@ -150,6 +161,11 @@ class DenoisingUNetEnergy(Pretrained, AttributeCodes, NoiseConditioned):
         return self.config.name
 
     @property
+    def latent_source(self) -> str | None:
+        """The autoencoder the config names (`DenoisingUNetConfig.autoencoder`), or None over pixels."""
+        return self.config.autoencoder
+
+    @property
     def noise_range(self) -> tuple[float, float]:
         """The lowest and highest noise levels it is trained on."""
         return self.config.sigma_min, self.config.sigma_max
@@ -167,7 +183,7 @@ class DenoisingUNetEnergy(Pretrained, AttributeCodes, NoiseConditioned):
         cond = self.condition_vector(labels, x.shape[0], x.device)
         if cond is not None:
             emb = emb + self.embed_condition(cond.to(emb.dtype))
-        h = self.stem(c_in * (apply(self.transforms, x) - 0.5))
+        h = self.stem(c_in * (apply(self.transforms, x) - self.centre))
         skips = [h]
         for layer in self.down:
             h = layer(h) if isinstance(layer, nn.AvgPool2d) else layer(h, emb)

@@ -44,10 +44,11 @@ class SamplerDiagnostics:
 class SampleResult:
     """What a sampler call returns; the fields do not depend on which options were set."""
 
-    samples: Tensor  # (n, *input_shape), final states
-    chain: Tensor | None  # (T, n, *input_shape): every keep_every-th state (first and last included), if asked
+    samples: Tensor  # (n, *sample_shape), final states (a latent energy's decoded: `composable_ebm.latent`)
+    chain: Tensor | None  # (T, n, *sample_shape): every keep_every-th state (first and last included), if asked
     diagnostics: SamplerDiagnostics
     config: Chain  # the settings actually used
+    latents: Tensor | None = None  # (n, *input_shape): a latent energy's final states before decoding; else None
 
     @property
     def acceptance_rate(self) -> float | None:

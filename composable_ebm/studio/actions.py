@@ -239,7 +239,7 @@ def covering_classifier(models: ModelCache, energy: Any, candidates: Sequence[st
         known = {a: tuple(v) for a, v in getattr(config, "attributes", {}).items()}
         shape = (getattr(config, "in_channels", None), getattr(config, "image_size", None),
                  getattr(config, "image_size", None))
-        if all(known.get(a) == v for a, v in wanted.items()) and shape == tuple(energy.input_shape):
+        if all(known.get(a) == v for a, v in wanted.items()) and shape == tuple(energy.sample_shape):
             return name
     return None
 
@@ -289,8 +289,8 @@ def generate(models: ModelCache, expression: str, n: int = 16, seed: int = 0, st
     if not _whole(seed, 0, 2**63 - 1):
         raise InvalidInputError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed!r}")
     energy = models.energy(expression)
-    if len(energy.input_shape) != 3:
-        raise InvalidInputError(f"the studio draws images; {expression!r} takes inputs of shape {energy.input_shape}")
+    if len(energy.sample_shape) != 3:
+        raise InvalidInputError(f"the studio draws images; {expression!r} takes inputs of shape {energy.sample_shape}")
     overrides = sampler_overrides(steps, step_size)
     chosen = plan(energy, form, **overrides)
     total = chosen.config.total_steps

@@ -1,0 +1,196 @@
+"""Latent energies: a model over an autoencoder's latents loads its autoencoder, composes in its latent space with
+models of the same autoencoder, refuses to mix spaces in one line, and samples decoded images."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import composable_ebm as cebm
+from composable_ebm.cli import app
+from composable_ebm.errors import CebmError, ModelFileError, NonFiniteError
+from composable_ebm.latent import LatentSpace
+from composable_ebm.nets.autoencoder import Autoencoder, AutoencoderConfig, with_latent_statistics
+from tests.test_own_data import make_faces
+
+runner = CliRunner()
+
+LATENT_RECIPE = """
+[model]
+type = "denoising-unet"
+name = "{name}"
+autoencoder = "ae"
+channels = [16, 16]
+embedding = 16
+sigma_min = 0.02
+sigma_max = 20.0
+sigma_data = 1.0
+
+[data]
+dataset = "folder"
+root = "faces"
+attributes = ["{attribute}"]
+size = 16
+
+[trainer]
+steps = 2
+batch_size = 8
+label_dropout = 0.1
+data_augment = false
+log_every = 1
+checkpoint_every = 1
+
+[sampling]
+levels = 4
+sigma_max = 20.0
+sigma_min = 0.02
+predictor = "heun"
+steps = 0
+guidance_scale = 2.0
+guided_alone = true
+"""
+
+
+def tiny_autoencoder(folder: Path, images: torch.Tensor, seed: int = 0, channels: int = 4) -> Autoencoder:
+    """An untrained f4 autoencoder of 16-px images with measured latent statistics, saved at ``folder``."""
+    torch.manual_seed(seed)
+    model = with_latent_statistics(Autoencoder(AutoencoderConfig(name="tiny-ae", image_size=16,
+                                                                 latent_channels=channels, widths=(8, 8, 8))), images)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="module")
+def latent_runs(tmp_path_factory, cache):
+    """An autoencoder folder and two latent attribute models trained over it for two steps, through ``cebm train``
+    (the latents kept in a cache folder of the module's own)."""
+    root = tmp_path_factory.mktemp("latent")
+    make_faces(root / "faces", n=24)
+    from composable_ebm.data.folder import attribute_folder
+
+    images = attribute_folder(root / "faces", image_size=16).images.float() / 255
+    tiny_autoencoder(root / "ae", images)
+    for name, attribute in (("smiling", "Smiling"), ("hat", "Hat")):
+        recipe = root / f"{name}.toml"
+        recipe.write_text(LATENT_RECIPE.format(name=name, attribute=attribute))
+        result = runner.invoke(app, ["--threads", "1", "train", str(recipe), "--out", str(root / name), "--no-progress"])
+        assert result.exit_code == 0, result.output
+        assert "the latents of 24 images by ae: a latent model trains on them" in result.output
+    assert len(list(cache.glob("latents-*.safetensors"))) == 1  # the two models' images were encoded once
+    return root
+
+
+def test_a_latent_model_loads_its_autoencoder_and_samples_decoded_images(latent_runs):
+    smiling = cebm.load(latent_runs / "smiling" / "model")
+    assert smiling.input_shape == (4, 4, 4) and smiling.value_range is None
+    assert isinstance(smiling.latent_space, LatentSpace) and smiling.sample_shape == (3, 16, 16)
+    config = json.loads((latent_runs / "smiling" / "model" / "config.json").read_text())
+    assert Path(config["config"]["autoencoder"]) == (latent_runs / "ae").resolve()  # a folder, named from anywhere
+    result = smiling.condition(Smiling="yes").sample_result(n=3, seed=0, keep_every=1)
+    assert result.samples.shape == (3, 3, 16, 16) and result.latents.shape == (3, 4, 4, 4)
+    assert float(result.samples.min()) >= 0 and float(result.samples.max()) <= 1
+    assert torch.allclose(result.samples, smiling.latent_space.decode(result.latents))
+    assert result.chain.shape[1:] == (3, 3, 16, 16)  # kept states are decoded too
+    card = (latent_runs / "smiling" / "model" / "README.md").read_text()
+    assert "latents `(4, 4, 4)` of the autoencoder" in card
+
+
+def test_latent_models_of_one_autoencoder_compose_in_its_space(latent_runs):
+    smiling, hat = (cebm.load(latent_runs / n / "model") for n in ("smiling", "hat"))
+    assert smiling.latent_space == hat.latent_space and smiling.latent_space is not hat.latent_space
+    both = smiling.condition(Smiling="yes") + hat.condition(Hat="yes")
+    either = smiling.condition(Smiling="yes") | hat.condition(Hat="no")
+    negated = smiling.condition(Smiling="yes") - 0.5 * hat.condition(Hat="yes")
+    for energy in (both, either, negated, 2.0 * both / 1.5):
+        assert energy.latent_space == smiling.latent_space
+        images = energy.sample(n=2, seed=1)
+        assert images.shape == (2, 3, 16, 16) and bool(torch.isfinite(images).all())
+
+
+def test_mixing_autoencoders_or_latents_and_pixels_is_one_line(latent_runs, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(latent_runs / "hat" / "model", other)
+    images = torch.rand(8, 3, 16, 16)
+    tiny_autoencoder(tmp_path / "ae2", images, seed=5)
+    config = json.loads((other / "config.json").read_text())
+    config["config"]["autoencoder"] = str(tmp_path / "ae2")
+    (other / "config.json").write_text(json.dumps(config))
+    smiling, hat2 = cebm.load(latent_runs / "smiling" / "model"), cebm.load(other)
+    with pytest.raises(ValueError, match=r"^cannot compose energies over different autoencoders' latents: smiling\[yes\]"
+                                         r" is over the latents of .*, hat\[yes\] over those of .*ae2"):
+        smiling.condition(Smiling="yes") + hat2.condition(Hat="yes")
+    pixels = cebm.load("faces-smiling")
+    with pytest.raises(ValueError, match=r"^cannot compose a latent energy with one over pixels: smiling is over the"
+                                         r" latents of .*, faces-smiling over pixels"):
+        pixels | smiling
+    result = runner.invoke(app, ["compose", f"{latent_runs / 'smiling' / 'model'}[Smiling=yes] + faces-smiling[smiling=yes]",
+                                 "-n", "2", "-o", str(tmp_path / "grid.png")])
+    assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1
+    assert "cannot compose a latent energy with one over pixels" in result.output and not (tmp_path / "grid.png").exists()
+
+
+def test_a_missing_corrupt_or_wrong_autoencoder_is_one_line_at_load(latent_runs, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(latent_runs / "smiling" / "model", model)
+    config = json.loads((model / "config.json").read_text())
+
+    def names(source: str) -> None:
+        config["config"]["autoencoder"] = source
+        (model / "config.json").write_text(json.dumps(config))
+
+    names(str(tmp_path / "nowhere"))
+    with pytest.raises(CebmError, match=r"^smiling is over the latents of '.*nowhere', which did not load: "):
+        cebm.load(model)
+    shutil.copytree(latent_runs / "ae", tmp_path / "broken")
+    (tmp_path / "broken" / "model.safetensors").write_bytes(b"not a safetensors file")
+    names(str(tmp_path / "broken"))
+    with pytest.raises(ModelFileError, match=r"^smiling is over the latents of '.*broken', which did not load: "):
+        cebm.load(model)
+    names("faces-smiling")
+    with pytest.raises(ModelFileError, match="names 'faces-smiling' as its autoencoder, but that is a"
+                                             " DenoisingUNetEnergy model, not an autoencoder"):
+        cebm.load(model)
+    tiny_autoencoder(tmp_path / "ae8", torch.rand(8, 3, 16, 16), channels=8)
+    names(str(tmp_path / "ae8"))
+    with pytest.raises(ModelFileError, match=r"smiling takes inputs of shape \(4, 4, 4\), but its autoencoder .*ae8"
+                                             r" makes latents of shape \(8, 4, 4\)"):
+        cebm.load(model)
+    result = runner.invoke(app, ["compose", f"{model}[Smiling=yes]", "-n", "2", "-o", str(tmp_path / "g.png")])
+    assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1 and "ae8" in result.output
+
+
+def test_a_decode_to_non_finite_pixels_is_one_line_and_returns_nothing(latent_runs):
+    smiling = cebm.load(latent_runs / "smiling" / "model")
+    space = smiling.latent_space
+    with torch.no_grad():
+        space.autoencoder.decoder[0].weight.fill_(1e38)  # any latent now decodes to inf
+    with pytest.raises(NonFiniteError, match=r"^decoding 2 of 2 sampled latents with .* gave non-finite pixels"
+                                             r" \(latents far outside what it was trained on\)"):
+        smiling.condition(Smiling="yes").sample(n=2, seed=0)
+
+
+def test_a_latent_model_that_names_a_folder_of_this_machine_is_not_pushed(latent_runs, monkeypatch):
+    from huggingface_hub import constants
+
+    from tests.hub_server import HubServer
+
+    with HubServer() as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", "hf_test")
+        result = runner.invoke(app, ["push", str(latent_runs / "smiling" / "model"), "my-org/smiling"])
+        assert result.exit_code == 2 and "which would not load from the Hub: push the autoencoder first" in result.output
+        assert not hub.repos
+        pushed = runner.invoke(app, ["push", str(latent_runs / "ae"), "my-org/tiny-ae"])
+        assert pushed.exit_code == 0, pushed.output
+        model = cebm.load(latent_runs / "smiling" / "model")
+        model.config = dataclasses.replace(model.config, autoencoder="my-org/tiny-ae")
+        url = model.push_to_hub("my-org/smiling")
+        assert "my-org/smiling" in hub.repos and url
+        again = cebm.load("my-org/smiling")  # from the Hub: its autoencoder too, by its Hub id
+        assert again.latent_space == model.latent_space and again.latent_source == "my-org/tiny-ae"
