@@ -2,6 +2,11 @@
 reconstruction as it reads the render itself (the ceiling of any latent model's accuracy), on fresh renders.
 
     python -m benchmarks.autoencoder runs/ae/c4 runs/ae/c8 --n 500
+    python -m benchmarks.autoencoder faces64-autoencoder --jacobian 16
+
+``--jacobian N`` measures instead what a plain sum of latent energies adds to the energy of the image densities:
+``-(K - 1) log |det J(z)|`` for K models (docs/latent.md), with ``log |det J| = 1/2 log det(J^T J)`` of the decoder at
+the latents of N fresh renders (and, beside them, at N standard normal latents), in nats.
 
 A run in progress is measured from its latest checkpoint; a model folder (``runs/ae/c4/model``, a bundled name) as
 saved. The renders are lorelei faces at 64 px from seed 1, which no training folder of the recipes draws.
@@ -10,6 +15,7 @@ saved. The renders are lorelei faces at 64 px from seed 1, which no training fol
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -40,14 +46,55 @@ def measure(source: str, n: int = 500, seed: int = 1) -> dict:
     return {"source": source, "step": step, "psnr": row["psnr"], **row["agreement"]}
 
 
+def log_volume(model, z: torch.Tensor, chunk: int = 64) -> float:
+    """``1/2 log det(J^T J)`` of the decoder at one latent ``z`` (its shape): the log of the volume a small cube of
+    latents is spread over in image space."""
+    from torch.func import jvp, vmap
+
+    def decode(flat: torch.Tensor) -> torch.Tensor:
+        return model.decode(flat.view(1, *z.shape)).flatten()
+
+    flat = z.flatten()
+    basis = torch.eye(flat.numel())
+    columns = []
+    for i in range(0, flat.numel(), chunk):  # J's columns, a chunk of forward-mode products at a time
+        along = vmap(lambda v: jvp(decode, (flat,), (v,))[1])
+        columns.append(along(basis[i:i + chunk]))
+    jac = torch.cat(columns).T  # (pixels, latent elements)
+    return 0.5 * float(torch.linalg.slogdet((jac.T @ jac).double())[1])
+
+
+def jacobian_report(source: str, n: int, seed: int = 1) -> dict:
+    """Mean and spread of ``log |det J|`` over the latents of ``n`` fresh renders and of ``n`` normal latents."""
+    model = load_model(source).requires_grad_(False)
+    x = faces(n, seed=seed, size=64, style="lorelei").images.float() / 255
+    with torch.no_grad():
+        data = model.encode(x)
+    noise = torch.randn(data.shape, generator=torch.Generator().manual_seed(seed))
+    out = {}
+    for name, latents in (("renders", data), ("normal", noise)):
+        values = torch.tensor([log_volume(model, z) for z in latents])
+        out[name] = {"mean": round(float(values.mean()), 1), "std": round(float(values.std()), 1),
+                     "min": round(float(values.min()), 1), "max": round(float(values.max()), 1)}
+    return {"source": source, "n": n, "log_det_J": out}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sources", nargs="+", help="run folders (their latest checkpoint) or model folders")
     parser.add_argument("--n", type=int, default=500)
+    parser.add_argument("--jacobian", type=int, default=None, metavar="N",
+                        help="instead: log |det J| of the decoder at N renders' latents and N normal ones")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for source in args.sources:
-        print(measure(source, args.n), flush=True)
+        row = jacobian_report(source, args.jacobian) if args.jacobian else measure(source, args.n)
+        print(row, flush=True)
+        if args.jacobian and source == "faces64-autoencoder":  # the bundled one: for the docs' section
+            from benchmarks.faces64 import RESULTS
+
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            (RESULTS / "jacobian.json").write_text(json.dumps(row, indent=1))
 
 
 if __name__ == "__main__":

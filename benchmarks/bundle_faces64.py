@@ -15,12 +15,16 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import json
+import re
 from pathlib import Path
 
 import torch
 
 from benchmarks.autoencoder import measure_model
+from benchmarks._report import machine, write_section
 from benchmarks.bundle import CARDS_DIR
+from benchmarks.faces64 import RESULTS
 from composable_ebm.model_cards import model_card
 from composable_ebm.models import BUNDLED_DIR, load_model, save_model
 
@@ -64,6 +68,52 @@ def bundle_autoencoder(run: Path, command: str, device: str, n: int = 500) -> No
     CARDS_DIR.mkdir(exist_ok=True)
     (CARDS_DIR / f"{NAME}.md").write_text(card)
     print(f"bundled {NAME} ({'float16' if use_half else 'float32'}): PSNR {full['psnr']:.2f} dB; {agreement}")
+    minutes = float(re.search(r"in ([0-9.]+) minutes", trained).group(1))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "autoencoder.json").write_text(json.dumps({
+        "n": n, "psnr": full["psnr"], "agreement": full["agreement"], "minutes": minutes,
+        "latent_channels": model.config.latent_channels, "stored": "float16" if use_half else "float32"}, indent=1))
+
+
+def report() -> None:
+    """The ``faces64-latent`` section of docs/benchmarks.md from what was measured: the autoencoder
+    (``autoencoder.json``, written when it is bundled), the sentence's seconds (``python -m benchmarks.faces64 speed
+    --recipes recipes/latent``) and the decoder's log-volume (``python -m benchmarks.autoencoder --jacobian``,
+    ``jacobian.json``)."""
+    def read(name: str):
+        path = RESULTS / name
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    lines = ["## Faces at 64 px over latents: the autoencoder, seconds, the plain sum's Jacobian", "",
+             "`python -m benchmarks.bundle_faces64 autoencoder`, `python -m benchmarks.faces64 speed --recipes"
+             " recipes/latent` and `python -m benchmarks.autoencoder faces64-autoencoder --jacobian 8` (then"
+             f" `python -m benchmarks.bundle_faces64 report`) on {machine()}; the models are"
+             " `recipes/latent/faces64-*.toml` over the latents of `faces64-autoencoder` (docs/latent.md)."]
+    kept = read("autoencoder.json")
+    if kept:
+        lines += ["", f"**faces64-autoencoder** ({kept['minutes']:.0f} CPU-minutes; 64 x 64 x 3 to 16 x 16 x"
+                  f" {kept['latent_channels']}) on {kept['n']} fresh renders: PSNR {kept['psnr']:.1f} dB;"
+                  " faces64-classifier reads a reconstruction as it reads the render (the ceiling of a latent model's"
+                  " accuracy): " + ", ".join(f"{a} {v:.3f}" for a, v in kept["agreement"].items())
+                  + f" (target: 0.98 each); weights stored in {kept['stored']}."]
+    timed = read("speed-latent.json")
+    if timed:
+        lines += ["", "**16 faces of `(smiling + glasses + beard)`** (guided, decoding included, models loaded; "
+                  + ("untrained networks: the time does not depend on the weights" if not timed["trained"]
+                     else f"trained: {', '.join(timed['trained'])}")
+                  + "): " + ", ".join(f"{sec:.1f} s on {t} thread{'s' if int(t) > 1 else ''}"
+                                      for t, sec in timed["seconds"].items()) + " (target: 10 s on 2 threads)."]
+    jac = read("jacobian.json")
+    if jac:
+        data, normal = jac["log_det_J"]["renders"], jac["log_det_J"]["normal"]
+        lines += ["", f"**The plain sum's Jacobian term**: log abs det J of the decoder, in nats, at the latents of"
+                  f" {jac['n']} fresh renders: mean {data['mean']:.0f}, std {data['std']:.0f} ({data['min']:.0f} to"
+                  f" {data['max']:.0f}); at {jac['n']} standard normal latents: mean {normal['mean']:.0f}. A plain sum"
+                  f" of K latent energies adds -(K - 1) log abs det J: for three models, {2 * data['std']:.0f} nats"
+                  f" across faces and {2 * (normal['mean'] - data['mean']):.0f} nats in favour of latents off the"
+                  " data; a guided sum adds nothing."]
+    bold = [line for line in lines if line.startswith("**")]
+    write_section("faces64-latent", "\n".join(lines), short="\n".join(lines[:2] + [" ".join([lines[2], *bold])]))
 
 
 def main() -> None:
@@ -74,9 +124,13 @@ def main() -> None:
     ae.add_argument("--command", required=True, help="the command that trained it, for the card")
     ae.add_argument("--device", default="a 2-core x86-64 CPU, one thread")
     ae.add_argument("--n", type=int, default=500)
+    sub.add_parser("report", help="the faces64-latent section of docs/benchmarks.md")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    bundle_autoencoder(args.run, args.command, args.device, args.n)
+    if args.what == "report":
+        report()
+    else:
+        torch.set_num_threads(1)
+        bundle_autoencoder(args.run, args.command, args.device, args.n)
 
 
 if __name__ == "__main__":

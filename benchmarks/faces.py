@@ -618,6 +618,9 @@ def main() -> None:
                         help="instead of sampling: the largest gap an exact sampler of the training split reads at N"
                              " samples per row (section faces-gap-floor)")
     parser.add_argument("--draws", type=int, default=500, help="random draws per row and N for --gap-floor")
+    parser.add_argument("--attributes", nargs="+", default=None, metavar="A",
+                        help="with --only: only the rows whose models are these attributes' (a screen of the models"
+                             " that exist so far)")
     args = parser.parse_args()
     t = TABLES[args.style]
     args.classifier = args.classifier or t.classifier
@@ -645,6 +648,10 @@ def main() -> None:
     fresh = t.renders(4000, seed=1)  # renders no model saw: the floor, the real side of realism, the sheets
     todo = [j for j in jobs(t) if args.only is None or (args.only == "alone" and j["kind"] == "alone")
             or (j["kind"] == "conjunction" and j["form"] == args.only)]
+    if args.attributes:
+        if args.only is None:
+            raise SystemExit("--attributes screens some models: give --only alone or --only guided with it")
+        todo = [j for j in todo if set(j["want"]) <= set(args.attributes)]
     if args.merge:
         rows, samples, minutes = [], {}, 0.0
         for i in range(args.merge):
@@ -669,6 +676,7 @@ def main() -> None:
     settings = {"models": args.models, "classifier": args.classifier, "n": args.n, "scales": args.scales,
                 "ladder": ladder, "only": args.only, **({"intervals": args.intervals} if args.intervals else {}),
                 **({"repeats": args.repeats} if args.repeats > 1 else {}),
+                **({"attributes": args.attributes} if args.attributes else {}),
                 **({"device": args.device} if args.device != "cpu" else {})}
     rows, samples, before = _resumed(table, tensors, settings) if args.resume else ([], {}, 0.0)
     done = {r["index"] for r in rows}

@@ -177,11 +177,11 @@ SENTENCE = {"smiling": "yes", "glasses": "yes", "beard": "yes"}
 """The composition timed: the held-out triple, as `(smiling + glasses + beard).sample(n=16)` draws it."""
 
 
-def speed(models: Path | None, n: int, threads: list[int]) -> dict:
+def speed(models: Path | None, n: int, threads: list[int], recipes: Path = ROOT / "recipes") -> dict:
     """Seconds for ``n`` draws of the sentence at 64 px (its guided form, the recipes' sampling defaults), after a
     warm-up draw, at each thread count; the models of ``models`` (``faces64-<attribute>/model``), or where absent
-    the recipes' networks untrained (the time does not depend on the weights: every draw makes the same
-    evaluations)."""
+    the networks of the recipes in ``recipes`` untrained (the time does not depend on the weights: every draw makes
+    the same evaluations; ``recipes/latent``: the latent models, their draws decoded by the bundled autoencoder)."""
     import time
 
     terms, trained = [], []
@@ -191,11 +191,11 @@ def speed(models: Path | None, n: int, threads: list[int]) -> dict:
             energy = load_model(folder)
             trained.append(attribute)
         else:
-            spec = load_recipe(ROOT / "recipes" / f"faces64-{attribute}.toml")
+            spec = load_recipe(recipes / f"faces64-{attribute}.toml")
             energy = build_model_from_shapes(spec)
         terms.append(energy.eval().condition(**{attribute: value}))
     sentence = terms[0] + terms[1] + terms[2]
-    row = {"n": n, "trained": trained, "seconds": {}}
+    row = {"n": n, "trained": trained, "recipes": str(recipes.relative_to(ROOT)), "seconds": {}}
     for count in threads:
         torch.set_num_threads(count)
         sentence.sample(2, seed=0)  # warm-up
@@ -311,6 +311,8 @@ def main() -> None:
     t.add_argument("--models", type=Path, default=None)
     t.add_argument("--n", type=int, default=16)
     t.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    t.add_argument("--recipes", type=Path, default=ROOT / "recipes",
+                   help="where the recipes of untrained models are: recipes (pixels) or recipes/latent")
     e = verbs.add_parser("estimate")
     e.add_argument("--run", type=Path, nargs="+", required=True)
     c = verbs.add_parser("curve")
@@ -336,9 +338,10 @@ def main() -> None:
     elif args.verb == "report":
         report()
     elif args.verb == "speed":
-        row = speed(args.models, args.n, args.threads)
+        row = speed(args.models, args.n, args.threads, args.recipes.resolve())
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "speed.json").write_text(json.dumps(row, indent=1))
+        name = "speed.json" if args.recipes.resolve() == ROOT / "recipes" else "speed-latent.json"
+        (RESULTS / name).write_text(json.dumps(row, indent=1))
     else:
         if args.threads:
             torch.set_num_threads(args.threads)

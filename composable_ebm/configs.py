@@ -236,6 +236,13 @@ def _from_plain(tp: Any, value: Any, where: str) -> Any:
     raise TypeError(f"{where}: configs cannot hold values of type {tp!r}")  # a library bug, not bad input
 
 
+def check_autoencoder(owner: str, value: Any) -> None:
+    """One line unless ``value`` (a config's ``autoencoder``) is None or names one: a non-empty string."""
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise InvalidInputError(f"{owner}.autoencoder must name an autoencoder (a bundled name, a Hub id or a folder),"
+                                f" got {value!r}")
+
+
 def check_range(owner: str, name: str, value: float, low: float | None = None, high: float | None = None,
                 low_open: bool = False, high_open: bool = False) -> None:
     """Raise `InvalidInputError` unless ``value`` is finite and within ``[low, high]`` (ends

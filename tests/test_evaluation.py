@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import sys
 
@@ -553,3 +554,27 @@ def test_a_flatten_classifier_reads_where_a_feature_is_and_round_trips(tmp_path)
                                                               classifier.predict(images[384:])["side"])
     with pytest.raises(InvalidInputError, match="pooling must be one of mean, flatten, got 'max'"):
         ClassifierConfig(name="x", attributes={"side": ("left", "right")}, pooling="max")
+
+
+def test_the_faces_table_of_each_style_covers_its_models_values_and_its_held_out_triple():
+    """benchmarks.faces measures either style's whole table: every value of each of its four models alone, and every
+    pair and triple of its three composed attributes in both forms, the held-out triple marked (from its recipes)."""
+    from benchmarks.faces import TABLES, jobs
+    from composable_ebm.data.faces import STYLES
+
+    for style, table in TABLES.items():
+        values = STYLES[style].attributes
+        rows = jobs(table)
+        alone = [r for r in rows if r["kind"] == "alone"]
+        assert [next(iter(r["want"].items())) for r in alone] == [(a, [v]) for a in values for v in values[a]]
+        named = {m for r in rows for m in re.findall(r"([\w-]+)\[", r["expression"])}
+        assert named == {f"{table.prefix}-{a}" for a in values}
+        conj = [r for r in rows if r["kind"] == "conjunction"]
+        assert len(conj) == 2 * (3 * 4 + 8)  # two forms: 3 pairs of 4 value combinations, 8 triples
+        held = [r for r in conj if r["held_out"]]
+        assert [r["form"] for r in held] == ["plain", "guided"]
+        assert held[0]["target"] == dict.fromkeys(table.composed, "yes") == table.held_out
+    assert TABLES["lorelei"].composed == ("smiling", "glasses", "beard")
+    screened = [r for r in jobs(TABLES["lorelei"]) if set(r["want"]) <= {"glasses", "beard"}]
+    assert {r["expression"] for r in screened if r["kind"] == "conjunction" and r["form"] == "guided"} == {
+        f"guided(faces64-glasses[glasses={g}] + faces64-beard[beard={b}])" for g in ("no", "yes") for b in ("no", "yes")}

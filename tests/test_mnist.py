@@ -110,6 +110,7 @@ def test_the_mnist_recipes_are_the_noise_conditioned_folder_template_as_a_user_c
 
 
 SHRINK = {"cebm data ": "-n 300", "cebm train ": "--steps 2 --no-progress", "cebm train-classifier": "--steps 20",
+          "cebm train-autoencoder": "--steps 2 --held-out 10",
           "cebm compose": "", "cebm eval compose": "-n 4", "cebm eval ood": "-n 8"}
 """What each command gets on top of the text as written: fewer digits, steps and samples."""
 
@@ -171,3 +172,7 @@ def test_the_own_data_walkthrough_runs_as_written_on_real_digits(cache, tmp_path
         assert config["model_type"] == "denoising-unet" and list(config["config"]["attributes"]) == [model]
     clf = json.loads((tmp_path / "runs" / "clf" / "config.json").read_text())["config"]
     assert clf["image_size"] == 28 and set(clf["attributes"]) == {"digit", "thickness"}
+    assert (tmp_path / "grid64.png").is_file()  # section 6: at 64 px, over an autoencoder's latents
+    latent = json.loads((tmp_path / "runs" / "smiling64" / "model" / "config.json").read_text())["config"]
+    assert Path(latent["autoencoder"]) == (tmp_path / "runs" / "ae" / "model").resolve()
+    assert (latent["in_channels"], latent["image_size"]) == (4, 16)

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composable_ebm.configs import MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_size
+from composable_ebm.configs import (MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSONConfig, check_attributes,
+                                    check_autoencoder, check_size)
 from composable_ebm.energy import NULL, Energy, Labels
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.nets.layers import AttributeCodes, Norm, ResBlock, SelfAttention, Swish, conv
@@ -115,8 +116,13 @@ class ResNetConfig(JSONConfig):
     null_condition: bool = False
     """the all-zero condition was trained (label dropout), so an unbound attribute gives the model's
     unconditional energy; without it an unbound attribute is refused"""
+    autoencoder: str | None = None
+    """the autoencoder whose standardised latents this energy is over (a bundled name, a Hub id, or a folder relative
+    to the model's; `composable_ebm.latent`): its input is then unbounded, and ``image_size`` and ``in_channels`` are
+    the latents'. None: an energy over pixels in ``[0, 1]``"""
 
     def __post_init__(self) -> None:
+        check_autoencoder("ResNetConfig", self.autoencoder)
         check_size("ResNetConfig", "image_size", self.image_size, high=MAX_IMAGE_SIZE)
         check_size("ResNetConfig", "in_channels", self.in_channels, high=64)
         check_size("ResNetConfig", "stem_channels", self.stem_channels)
@@ -287,7 +293,8 @@ class ResNetEnergy(Pretrained, AttributeCodes, Energy):
 
     def __init__(self, config: ResNetConfig) -> None:
         c = config
-        super().__init__((c.in_channels, c.image_size, c.image_size), (0.0, 1.0), c.attributes)
+        super().__init__((c.in_channels, c.image_size, c.image_size), None if c.autoencoder else (0.0, 1.0),
+                         c.attributes)
         self.config = config
         cond_dim = sum(len(v) for v in c.attributes.values())
         towers = []
@@ -309,6 +316,11 @@ class ResNetEnergy(Pretrained, AttributeCodes, Energy):
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def latent_source(self) -> str | None:
+        """The autoencoder the config names (`ResNetConfig.autoencoder`), or None over pixels."""
+        return self.config.autoencoder
 
     def scale_energies(self, x: Tensor, labels: Labels | None = None) -> Tensor:
         """Energy of each tower, ``(B, num_scales)``; the energy is their sum."""

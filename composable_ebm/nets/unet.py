@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composable_ebm.configs import MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_range, check_size
+from composable_ebm.configs import (MAX_IMAGE_SIZE, JSONConfig, check_attributes, check_autoencoder, check_range,
+                                    check_size)
 from composable_ebm.energy import Labels, NoiseConditioned, noise_levels
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.accel.derivatives import GroupNorm, silu
@@ -77,9 +78,7 @@ class DenoisingUNetConfig(JSONConfig):
     ``in_channels`` are the latents'. None: an energy over pixels in ``[0, 1]``"""
 
     def __post_init__(self) -> None:
-        if self.autoencoder is not None and (not isinstance(self.autoencoder, str) or not self.autoencoder.strip()):
-            raise InvalidInputError(f"DenoisingUNetConfig.autoencoder must name an autoencoder (a bundled name, a Hub"
-                                    f" id or a folder), got {self.autoencoder!r}")
+        check_autoencoder("DenoisingUNetConfig", self.autoencoder)
         check_size("DenoisingUNetConfig", "image_size", self.image_size, high=MAX_IMAGE_SIZE)
         check_size("DenoisingUNetConfig", "in_channels", self.in_channels, high=64)
         check_size("DenoisingUNetConfig", "blocks", self.blocks, high=16)

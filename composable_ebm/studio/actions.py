@@ -174,6 +174,7 @@ def studio_loader(name: str, device: str = "cpu", models_root: str | Path | None
         root = Path(models_root).expanduser().resolve()
         path = (root / name).resolve()
         if path.is_relative_to(root) and path.is_dir():
+            _check_autoencoder_inside(path, root)
             return load_model(path, device)
     repo, _, revision = name.partition("@")
     if is_repo_id(repo) and not name.startswith((".", "~")):
@@ -187,6 +188,30 @@ def studio_loader(name: str, device: str = "cpu", models_root: str | Path | None
         "folders under the --models-root the studio is started with (none was given)"
     raise InvalidInputError(f"the studio does not load {name!r}: it serves the bundled models (`cebm list` names"
                             f" them), models already in the Hub cache (org/name) and {where}")
+
+
+def _check_autoencoder_inside(folder: Path, root: Path) -> None:
+    """A latent model under the models root may name its autoencoder by a bundled name, a Hub id (from the cache) or a
+    folder under the root; a folder elsewhere is one line, before anything there is read."""
+    from composable_ebm.configs import load_json
+    from composable_ebm.folders import CONFIG_NAME
+    from composable_ebm.hub import is_repo_id
+    from composable_ebm.models import bundled_models
+
+    config = folder / CONFIG_NAME
+    try:
+        payload = load_json(config.read_bytes(), str(config)) if config.is_file() else None
+    except ValueError:
+        return  # not JSON: the load says so in its own line
+    source = payload.get("config", {}).get("autoencoder") if isinstance(payload, dict) and \
+        isinstance(payload.get("config"), dict) else None
+    if not isinstance(source, str) or source in bundled_models() or (folder / source).resolve().is_relative_to(root):
+        return
+    if is_repo_id(source) and not (folder / source).exists() and not source.startswith((".", "~")):
+        studio_loader(source)  # from the Hub cache only: one line where it is not there
+        return
+    raise InvalidInputError(f"the studio does not load {folder.name}: its autoencoder {source!r} is a folder outside"
+                            f" {root}; serve the autoencoder from under the root, bundled or from the Hub cache")
 
 
 @dataclass
