@@ -441,10 +441,12 @@ def given_settings(ladder: dict[str, int] | None = None, scales: str | None = No
 
 
 def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: str, scales: str | None,
-                  intervals: str | None = None, ladder: dict[str, int] | None = None, device: str = "cpu") -> str:
+                  intervals: str | None = None, ladder: dict[str, int] | None = None, device: str = "cpu",
+                  t: FacesTable = PIXEL_ART, attributes: list[str] | None = None) -> str:
     """The short section of a screen over the guided conjunctions."""
     flags, given = given_settings(ladder, scales, intervals)
-    lines = [f"## Faces guidance screen ({label})", "",
+    flags = _table_flags(t, attributes) + flags
+    lines = [f"## {t.prefix.capitalize()} guidance screen ({label})", "",
              f"`python -m benchmarks.faces --models {models}{device_flag(device)} --only guided{flags} --n {n}"
              f" --label {label}` on {machine()}, {spent(minutes, device)}"
              + (f" ({' and '.join(given)} instead of the models' own)" if given
@@ -460,23 +462,32 @@ def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: 
     return "\n".join(lines)
 
 
+def _table_flags(t: FacesTable, attributes: list[str] | None) -> str:
+    """The command line's ``--style`` and ``--attributes``, where given."""
+    return ("" if t is PIXEL_ART else f" --style {t.style}") + (f" --attributes {' '.join(attributes)}"
+                                                                if attributes else "")
+
+
 def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models: str, ladder: dict[str, int],
-                   scales: str | None = None, intervals: str | None = None, device: str = "cpu") -> str:
+                   scales: str | None = None, intervals: str | None = None, device: str = "cpu",
+                   t: FacesTable = PIXEL_ART, attributes: list[str] | None = None) -> str:
     """The short section of each model alone: a screen with a given noise ladder or guidance scales, or (with neither)
     the models' own settings at another number of samples than the whole table's."""
     flags, given = given_settings(ladder, scales, intervals)
     repeats = _repeats(rows)
-    command = (f"python -m benchmarks.faces --models {models}{device_flag(device)} --only alone{flags}"
+    command = (f"python -m benchmarks.faces --models {models}{device_flag(device)} --only alone"
+               f"{_table_flags(t, attributes)}{flags}"
                + (f" --repeats {repeats}" if repeats > 1 else "") + f" --n {n} --label {label}")
     fid = sorted(r["fid_ratio"] for r in rows)
-    title = f"Faces sampler screen ({label})" if given else f"Faces models alone, {n} samples per row ({label})"
+    kind = t.prefix.capitalize()
+    title = f"{kind} sampler screen ({label})" if given else f"{kind} models alone, {n} samples per row ({label})"
     lines = [f"## {title}", "",
              f"`{command}` on {machine()}, {spent(minutes, device)} ("
              + (", ".join(given) + " instead of the models' own" if given else "the models' own settings")
              + f"): median FID ratio **{statistics.median(fid):.1f}** (worst"
              f" {fid[-1]:.1f}); accuracy mean {_mean([r['joint'] for r in rows]):.3f} (worst"
              f" {min(r['joint'] for r in rows):.3f}); {largest_gaps(rows)}." + repeats_sentence(rows), "",
-             *alone_table(rows)]
+             *alone_table(rows, t=t)]
     return "\n".join(lines)
 
 
@@ -540,11 +551,13 @@ def _write(args, rows: list[dict], samples: dict[str, torch.Tensor], fresh, minu
     """The docs section of a whole table (`report`), of a guidance screen (`screen_report`) or of a sampler screen
     (`sampler_report`), printed too."""
     if args.only == "alone":
-        text = sampler_report(rows, args.label, rows[0]["n"], minutes, models, ladder, scales, intervals, device)
-        write_section(f"faces-screen-{args.label}", text)
+        text = sampler_report(rows, args.label, rows[0]["n"], minutes, models, ladder, scales, intervals, device, t,
+                              args.attributes)
+        write_section(f"{t.prefix}-screen-{args.label}", text)
     elif args.only is not None:
-        text = screen_report(rows, args.label, rows[0]["n"], minutes, models, scales, intervals, ladder, device)
-        write_section(f"faces-screen-{args.label}", text)
+        text = screen_report(rows, args.label, rows[0]["n"], minutes, models, scales, intervals, ladder, device, t,
+                             args.attributes)
+        write_section(f"{t.prefix}-screen-{args.label}", text)
     else:
         text = report(rows, samples, fresh, args.label, rows[0]["n"], minutes, models,
                       given_settings(ladder, scales, intervals)[0], device, t)

@@ -118,6 +118,12 @@ class Energy(nn.Module):
         return None
 
     @property
+    def latent_fingerprint(self) -> str | None:
+        """The `composable_ebm.latent.fingerprint` of the autoencoder it was trained over, which the loader checks the
+        one it finds against; None: not recorded. A network over latents overrides this."""
+        return None
+
+    @property
     def sample_shape(self) -> tuple[int, ...]:
         """The shape of one sample as `sample` returns it: a decoded image for a latent energy, else ``input_shape``."""
         return tuple(self.latent_space.image_shape) if self.latent_space is not None else self.input_shape

@@ -12,8 +12,9 @@ What a latent space changes in the algebra: a density over latents ``p(z)`` is a
 decoder's Jacobian, ``p(x) = p(z) / |det J(z)|``. A guided sum ``E_0 + sum_i s_i (E_i(z | c_i) - E_i(z | 0))`` holds
 one density (``E_0``) and differences of densities over the same ``z``, so the Jacobian cancels in every difference
 and appears once, as in a single model: guidance needs no correction. A plain sum of ``K`` latent energies is the
-product of ``K`` image densities each carrying ``1 / |det J|``: it differs from the product of the image densities by
-``(K - 1) log |det J|``, which favours latents where the decoder contracts (``docs/latent.md`` measures it).
+product of ``K`` latent densities, each an image density times ``|det J|``: its energy is that of the product of the
+image densities minus ``(K - 1) log |det J|``, which favours latents where the decoder expands (``docs/latent.md``
+measures it).
 """
 
 from __future__ import annotations
@@ -93,8 +94,10 @@ class LatentSpace:
 
 
 def fingerprint(autoencoder: nn.Module) -> str:
-    """A sha256 over the autoencoder's config and weights: equal for the same autoencoder however it was named."""
-    digest = hashlib.sha256(json.dumps(autoencoder.config.to_dict(), sort_keys=True).encode("utf-8"))
+    """A sha256 over the autoencoder's config (its name left out) and weights: equal for the same autoencoder however
+    it was named or saved."""
+    settings = {k: v for k, v in autoencoder.config.to_dict().items() if k != "name"}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8"))
     for name, tensor in autoencoder.state_dict().items():
         digest.update(name.encode("utf-8"))
         digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())

@@ -156,6 +156,11 @@ def _load_folder(folder: Path, device: torch.device | str) -> nn.Module:
             if space.latent_shape != model.input_shape:
                 raise ModelFileError(f"{folder}: {model.name} takes inputs of shape {model.input_shape}, but its"
                                      f" autoencoder {space} makes latents of shape {space.latent_shape}")
+            trained = model.latent_fingerprint
+            if trained is not None and trained != space.fingerprint:
+                raise ModelFileError(f"{folder}: {model.name} was trained over the latents of another autoencoder than"
+                                     f" the {space} found now (fingerprint {trained[:12]}, found"
+                                     f" {space.fingerprint[:12]}): name the one it was trained with, or retrain it")
             model.latent_space = space
     return model
 

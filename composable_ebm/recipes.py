@@ -213,7 +213,7 @@ def encode_dataset(data: ImageDataset, space: Any, cache: Path | None = None) ->
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, lambda tmp: save_file({"latents": latents.contiguous()}, tmp))
     return ImageDataset(latents, dict(data.labels), dict(data.attributes), data.name,
-                        {**data.info, "autoencoder": str(space)})
+                        {**data.info, "autoencoder": str(space), "autoencoder_fingerprint": space.fingerprint})
 
 
 def build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
@@ -223,7 +223,8 @@ def build_model(recipe: Recipe, data: ImageDataset | torch.Tensor) -> Energy:
     one recipe always starts from the same network.
     """
     if isinstance(data, ImageDataset):
-        return _seeded_model(recipe, dict(data.attributes), tuple(data.images.shape[1:]))
+        return _seeded_model(recipe, dict(data.attributes), tuple(data.images.shape[1:]),
+                             data.info.get("autoencoder_fingerprint"))
     return _seeded_model(recipe, None, None)
 
 
@@ -233,21 +234,21 @@ def build_model_from_shapes(recipe: Recipe) -> Energy:
     attributes, shape = recipe.data.describe(recipe.folder)
     space = recipe_latent_space(recipe)
     model = _seeded_model(recipe, {a: attributes[a] for a in recipe.data.attributes},
-                          shape if space is None else space.latent_shape)
+                          shape if space is None else space.latent_shape, None if space is None else space.fingerprint)
     model.latent_space = space
     return model
 
 
 def _seeded_model(recipe: Recipe, attributes: dict[str, tuple[str, ...]] | None,
-                  shape: tuple[int, ...] | None) -> Energy:
+                  shape: tuple[int, ...] | None, fingerprint: str | None = None) -> Energy:
     """The network, its weights drawn from ``trainer.seed`` in a forked RNG (the global one is left as it was)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.trainer.seed)
-        return _build_model(recipe, attributes, shape)
+        return _build_model(recipe, attributes, shape, fingerprint)
 
 
 def _build_model(recipe: Recipe, attributes: dict[str, tuple[str, ...]] | None,
-                 shape: tuple[int, ...] | None) -> Energy:
+                 shape: tuple[int, ...] | None, fingerprint: str | None = None) -> Energy:
     """The network with the config fields the data decides (where the config has them): attributes, the null
     condition (label dropout), input channels and image size."""
     cls = network_class(recipe.model_type)
@@ -260,6 +261,8 @@ def _build_model(recipe: Recipe, attributes: dict[str, tuple[str, ...]] | None,
     source = recipe.model.get("autoencoder")
     if source is not None and recipe.folder is not None and (recipe.folder / str(source)).is_dir():
         decided["autoencoder"] = str((recipe.folder / str(source)).resolve())  # a folder, named from anywhere
+    if fingerprint is not None:
+        decided["autoencoder_fingerprint"] = fingerprint  # the latents it learns: a changed autoencoder is refused
     config = dataclasses.replace(config, **{k: v for k, v in decided.items() if k in fields})
     model = cls(config)
     model.sampling_defaults = recipe.sampling

@@ -120,6 +120,7 @@ def test_mixing_autoencoders_or_latents_and_pixels_is_one_line(latent_runs, tmp_
     tiny_autoencoder(tmp_path / "ae2", images, seed=5)
     config = json.loads((other / "config.json").read_text())
     config["config"]["autoencoder"] = str(tmp_path / "ae2")
+    config["config"]["autoencoder_fingerprint"] = None  # a model that records none is not checked against its own
     (other / "config.json").write_text(json.dumps(config))
     smiling, hat2 = cebm.load(latent_runs / "smiling" / "model"), cebm.load(other)
     with pytest.raises(ValueError, match=r"^cannot compose energies over different autoencoders' latents: smiling\[yes\]"
@@ -141,7 +142,7 @@ def test_a_missing_corrupt_or_wrong_autoencoder_is_one_line_at_load(latent_runs,
     config = json.loads((model / "config.json").read_text())
 
     def names(source: str) -> None:
-        config["config"]["autoencoder"] = source
+        config["config"]["autoencoder"], config["config"]["autoencoder_fingerprint"] = source, None
         (model / "config.json").write_text(json.dumps(config))
 
     names(str(tmp_path / "nowhere"))
@@ -265,3 +266,17 @@ def test_the_studio_draws_latent_models_and_reads_nothing_outside_its_root(laten
         (root / name / "config.json").write_text(json.dumps(config))
     made = studio.generate(models, "smiling[Smiling=yes] + hat[Hat=yes]", n=2, seed=0, out_dir=tmp_path)
     assert made.samples.shape == (2, 3, 16, 16) and made.png.is_file()
+
+
+def test_a_latent_model_refuses_an_autoencoder_retrained_under_its_name(latent_runs, tmp_path):
+    shutil.copytree(latent_runs / "smiling" / "model", tmp_path / "smiling")
+    shutil.copytree(latent_runs / "ae", tmp_path / "ae")
+    config = json.loads((tmp_path / "smiling" / "config.json").read_text())
+    assert config["config"]["autoencoder_fingerprint"] == cebm.load(latent_runs / "smiling" / "model").latent_space.fingerprint
+    config["config"]["autoencoder"] = "../ae"
+    (tmp_path / "smiling" / "config.json").write_text(json.dumps(config))
+    assert cebm.load(tmp_path / "smiling").latent_space.source == "../ae"  # the same autoencoder, named otherwise
+    tiny_autoencoder(tmp_path / "ae", torch.rand(8, 3, 16, 16), seed=9)  # retrained under the same folder
+    with pytest.raises(ModelFileError, match=r"smiling was trained over the latents of another autoencoder than the"
+                                             r" \.\./ae found now \(fingerprint [0-9a-f]{12}, found [0-9a-f]{12}\)"):
+        cebm.load(tmp_path / "smiling")

@@ -120,6 +120,9 @@ class ResNetConfig(JSONConfig):
     """the autoencoder whose standardised latents this energy is over (a bundled name, a Hub id, or a folder relative
     to the model's; `composable_ebm.latent`): its input is then unbounded, and ``image_size`` and ``in_channels`` are
     the latents'. None: an energy over pixels in ``[0, 1]``"""
+    autoencoder_fingerprint: str | None = None
+    """`composable_ebm.latent.fingerprint` of the autoencoder it was trained over: loading it with another autoencoder
+    under that name (a retrained one, say) is refused, as its latents would mean something else"""
 
     def __post_init__(self) -> None:
         check_autoencoder("ResNetConfig", self.autoencoder)
@@ -321,6 +324,11 @@ class ResNetEnergy(Pretrained, AttributeCodes, Energy):
     def latent_source(self) -> str | None:
         """The autoencoder the config names (`ResNetConfig.autoencoder`), or None over pixels."""
         return self.config.autoencoder
+
+    @property
+    def latent_fingerprint(self) -> str | None:
+        """The fingerprint of the autoencoder it was trained over (`ResNetConfig.autoencoder_fingerprint`)."""
+        return self.config.autoencoder_fingerprint
 
     def scale_energies(self, x: Tensor, labels: Labels | None = None) -> Tensor:
         """Energy of each tower, ``(B, num_scales)``; the energy is their sum."""
