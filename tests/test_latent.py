@@ -280,3 +280,21 @@ def test_a_latent_model_refuses_an_autoencoder_retrained_under_its_name(latent_r
     with pytest.raises(ModelFileError, match=r"smiling was trained over the latents of another autoencoder than the"
                                              r" \.\./ae found now \(fingerprint [0-9a-f]{12}, found [0-9a-f]{12}\)"):
         cebm.load(tmp_path / "smiling")
+
+
+def test_the_studio_downloads_no_autoencoder(latent_runs, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from composable_ebm import studio
+    from tests.hub_server import HubServer
+
+    root = tmp_path / "root"
+    shutil.copytree(latent_runs / "smiling" / "model", root / "smiling")
+    config = json.loads((root / "smiling" / "config.json").read_text())
+    config["config"]["autoencoder"] = "my-org/tiny-ae"
+    (root / "smiling" / "config.json").write_text(json.dumps(config))
+    with HubServer() as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        with pytest.raises(CebmError, match="my-org/tiny-ae is not in the local Hub cache, and the studio downloads"):
+            studio.generate(studio.ModelCache("cpu", models_root=root), "smiling[Smiling=yes]", n=2, out_dir=tmp_path)
+        assert not hub.requests  # nothing was asked of the Hub

@@ -205,11 +205,16 @@ def _check_autoencoder_inside(folder: Path, root: Path) -> None:
         return  # not JSON: the load says so in its own line
     source = payload.get("config", {}).get("autoencoder") if isinstance(payload, dict) and \
         isinstance(payload.get("config"), dict) else None
-    if not isinstance(source, str) or source in bundled_models() or (folder / source).resolve().is_relative_to(root):
+    if not isinstance(source, str) or source in bundled_models():
         return
-    if is_repo_id(source) and not (folder / source).exists() and not source.startswith((".", "~")):
+    local = folder / source
+    if local.exists() and local.resolve().is_relative_to(root):
+        return
+    if not local.exists() and is_repo_id(source) and not source.startswith((".", "~")):
         studio_loader(source)  # from the Hub cache only: one line where it is not there
         return
+    if not local.exists() and not Path(source).expanduser().exists():
+        return  # nothing there to read: the load says so in its own line
     raise InvalidInputError(f"the studio does not load {folder.name}: its autoencoder {source!r} is a folder outside"
                             f" {root}; serve the autoencoder from under the root, bundled or from the Hub cache")
 
