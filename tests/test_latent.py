@@ -291,10 +291,10 @@ def test_the_studio_downloads_no_autoencoder(latent_runs, tmp_path, monkeypatch)
     root = tmp_path / "root"
     shutil.copytree(latent_runs / "smiling" / "model", root / "smiling")
     config = json.loads((root / "smiling" / "config.json").read_text())
-    config["config"]["autoencoder"] = "my-org/tiny-ae"
+    config["config"]["autoencoder"] = "my-org/never-pushed-ae"  # in no cache (another test pushes tiny-ae)
     (root / "smiling" / "config.json").write_text(json.dumps(config))
     with HubServer() as hub:
         monkeypatch.setattr(constants, "ENDPOINT", hub.url)
-        with pytest.raises(CebmError, match="my-org/tiny-ae is not in the local Hub cache, and the studio downloads"):
+        with pytest.raises(CebmError, match="my-org/never-pushed-ae is not in the local Hub cache, and the studio"):
             studio.generate(studio.ModelCache("cpu", models_root=root), "smiling[Smiling=yes]", n=2, out_dir=tmp_path)
         assert not hub.requests  # nothing was asked of the Hub
