@@ -69,6 +69,9 @@ def test_model_card_usage_runs_as_written(name):
     exec(blocks[0], namespace)  # noqa: S102 - the card's own example, as a user would paste it
     if name in CLASSIFIERS:
         assert set(namespace["readings"]) == CLASSIFIERS[name]
+    elif name in AUTOENCODERS:  # the card's images, encoded and decoded back
+        assert namespace["again"].shape == namespace["images"].shape == (4, *AUTOENCODERS[name])
+        assert namespace["latents"].shape == (4, *namespace["autoencoder"].config.latent_shape)
     else:
         assert namespace["images"].shape == (16, *INPUT_SHAPES[name.split("-")[0]])
 
