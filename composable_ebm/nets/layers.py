@@ -148,6 +148,21 @@ class SelfAttention(nn.Module):
         return x + self.gamma * rearrange(out, "b (h w) c -> b c h w", h=h, w=w)
 
 
+class LatentConfig:
+    """What an image network over an autoencoder's latents reads from its config (``autoencoder`` and
+    ``autoencoder_fingerprint``, checked by `configs.check_autoencoder`), mixed in before `Energy`."""
+
+    @property
+    def latent_source(self) -> str | None:
+        """The autoencoder the config names (a bundled name, Hub id or folder), or None over pixels."""
+        return self.config.autoencoder
+
+    @property
+    def latent_fingerprint(self) -> str | None:
+        """The fingerprint of the autoencoder it was trained over, or None over pixels."""
+        return self.config.autoencoder_fingerprint
+
+
 class AttributeCodes:
     """What a conditional network's energy reads its condition from, for any network whose config has
     ``null_condition`` (mixed in before `Energy`): the attributes' one-hot codes, and whether the null condition

@@ -27,7 +27,7 @@ from composable_ebm.configs import (MAX_ACTIVATION_ELEMENTS, MAX_IMAGE_SIZE, JSO
                                     check_autoencoder, check_size)
 from composable_ebm.energy import NULL, Energy, Labels
 from composable_ebm.errors import InvalidInputError
-from composable_ebm.nets.layers import AttributeCodes, Norm, ResBlock, SelfAttention, Swish, conv
+from composable_ebm.nets.layers import AttributeCodes, LatentConfig, Norm, ResBlock, SelfAttention, Swish, conv
 from composable_ebm.nets.transforms import apply, build_transforms
 from composable_ebm.model_types import register
 from composable_ebm.pretrained import Pretrained
@@ -287,7 +287,7 @@ class PixelSetHead(nn.Module):
 
 
 @register("resnet")
-class ResNetEnergy(Pretrained, AttributeCodes, Energy):
+class ResNetEnergy(Pretrained, AttributeCodes, LatentConfig, Energy):
     """The paper's ResNet energy, optionally multiscale and attribute-conditioned (FiLM, a projection or a pixel-set
     head), with optional named input transforms before its towers."""
 
@@ -319,16 +319,6 @@ class ResNetEnergy(Pretrained, AttributeCodes, Energy):
     @property
     def name(self) -> str:
         return self.config.name
-
-    @property
-    def latent_source(self) -> str | None:
-        """The autoencoder the config names (`ResNetConfig.autoencoder`), or None over pixels."""
-        return self.config.autoencoder
-
-    @property
-    def latent_fingerprint(self) -> str | None:
-        """The fingerprint of the autoencoder it was trained over (`ResNetConfig.autoencoder_fingerprint`)."""
-        return self.config.autoencoder_fingerprint
 
     def scale_energies(self, x: Tensor, labels: Labels | None = None) -> Tensor:
         """Energy of each tower, ``(B, num_scales)``; the energy is their sum."""

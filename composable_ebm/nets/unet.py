@@ -34,7 +34,7 @@ from composable_ebm.configs import (MAX_IMAGE_SIZE, JSONConfig, check_attributes
 from composable_ebm.energy import Labels, NoiseConditioned, noise_levels
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.accel.derivatives import GroupNorm, silu
-from composable_ebm.nets.layers import AttributeCodes, ResBlock, Swish, conv
+from composable_ebm.nets.layers import AttributeCodes, LatentConfig, ResBlock, Swish, conv
 from composable_ebm.nets.transforms import apply, build_transforms
 from composable_ebm.model_types import register
 from composable_ebm.pretrained import Pretrained
@@ -116,7 +116,7 @@ def level_features(sigma: Tensor, width: int) -> Tensor:
 
 
 @register("denoising-unet")
-class DenoisingUNetEnergy(Pretrained, AttributeCodes, NoiseConditioned):
+class DenoisingUNetEnergy(Pretrained, AttributeCodes, LatentConfig, NoiseConditioned):
     """``E(x, sigma | y) = ||f(x, sigma, y)||^2 / (2 sigma)``, a U-Net ``f``: see the module's docstring."""
 
     config_class = DenoisingUNetConfig
@@ -161,16 +161,6 @@ class DenoisingUNetEnergy(Pretrained, AttributeCodes, NoiseConditioned):
     @property
     def name(self) -> str:
         return self.config.name
-
-    @property
-    def latent_source(self) -> str | None:
-        """The autoencoder the config names (`DenoisingUNetConfig.autoencoder`), or None over pixels."""
-        return self.config.autoencoder
-
-    @property
-    def latent_fingerprint(self) -> str | None:
-        """The fingerprint of the autoencoder it was trained over (`DenoisingUNetConfig.autoencoder_fingerprint`)."""
-        return self.config.autoencoder_fingerprint
 
     @property
     def noise_range(self) -> tuple[float, float]:
