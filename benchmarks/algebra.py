@@ -7,6 +7,11 @@ On two cores, as two one-thread shards and a merge::
     python -m benchmarks.algebra --shard 0/2 --threads 1 & python -m benchmarks.algebra --shard 1/2 --threads 1
     python -m benchmarks.algebra --merge 2
 
+The 64-px faces over latents (the bundled `faces64-*` models, read by `faces64-classifier`) are their own table,
+``--table faces64`` (with the same ``--shard`` and ``--merge``)::
+
+    python -m benchmarks.algebra --table faces64 --n 64
+
 Every row is drawn as a user draws it (``energy.sample(n, seed=..., form=...)``, the models' own settings, form
 ``auto`` unless the row names another) and read by its family's bundled classifier: the noise-conditioned faces
 models (`faces-*`, read by `faces-classifier`) and the contrastive-divergence Shapes models (`shapes-*`, read by
@@ -38,6 +43,7 @@ import torch
 from benchmarks._report import machine, write_section
 from composable_ebm import load, save_image_grid, shapes
 from composable_ebm.data import FACES_ATTRIBUTES, SHAPES_ATTRIBUTES, combination_mask, faces
+from composable_ebm.data.faces import STYLES
 from composable_ebm.errors import InvalidInputError
 from composable_ebm.evaluation.realism import contact_sheet
 from composable_ebm.expression import parse_expression
@@ -46,8 +52,11 @@ from composable_ebm.sampling import sample as run_sampler
 
 ROOT = Path(__file__).resolve().parents[1]
 SHEET_SAMPLES = 8
-VALUES = {"faces": FACES_ATTRIBUTES, "shapes": SHAPES_ATTRIBUTES}
-CLASSIFIER = {"faces": "faces-classifier", "shapes": "shapes-classifier"}
+VALUES = {"faces": FACES_ATTRIBUTES, "shapes": SHAPES_ATTRIBUTES, "faces64": STYLES["lorelei"].attributes}
+CLASSIFIER = {"faces": "faces-classifier", "shapes": "shapes-classifier", "faces64": "faces64-classifier"}
+TABLES = {"both": ("faces", "shapes"), "faces64": ("faces64",)}
+"""The tables by ``--table``: which families' rows each measures (a row keeps its index, its seed, in every table)."""
+SECTION = {"both": "algebra", "faces64": "algebra-faces64"}
 
 
 def face(attribute: str, value: str) -> str:
@@ -56,6 +65,41 @@ def face(attribute: str, value: str) -> str:
 
 def shape(attribute: str, value: str) -> str:
     return f"shapes-{attribute}[{attribute}={value}]"
+
+
+def face64(attribute: str, value: str) -> str:
+    return f"faces64-{attribute}[{attribute}={value}]"
+
+
+def faces64_rows() -> list[dict]:
+    """OR, AND with OR and NOT of the 64-px latent faces models: the rows of the faces table's form."""
+    blond, red = face64("hair", "blond"), face64("hair", "red")
+    smiling, glasses, beard = face64("smiling", "yes"), face64("glasses", "yes"), face64("beard", "yes")
+    colours, others = {"hair": ["blond", "red"]}, {"hair": ["brown", "grey"]}
+    either = {"hair=blond": (0.40, 0.60), "hair=red": (0.40, 0.60), "others": (0.0, 0.05)}
+    return [
+        {"family": "faces64", "operator": "OR", "expression": f"{blond} | {red}", "form": "auto",
+         "reads": {**colours}, "others": others, "want": [colours], "expect": "each colour half the time",
+         "targets": either},
+        {"family": "faces64", "operator": "weighted OR", "expression": f"3 : {blond} | {red}", "form": "auto",
+         "reads": {**colours}, "others": others, "want": [colours], "expect": "blond three times as often as red",
+         "targets": {"hair=blond": (0.65, 0.85)}},
+        {"family": "faces64", "operator": "AND with OR", "expression": f"{smiling} + ({blond} | {red})",
+         "form": "auto", "reads": {"smiling": ["yes"], **colours}, "others": others,
+         "want": [{"smiling": ["yes"], **colours}], "expect": "every face smiling, each colour half the time",
+         "targets": {"smiling=yes": (0.95, 1.0), "hair=blond": (0.40, 0.60), "hair=red": (0.40, 0.60)}},
+        {"family": "faces64", "operator": "AND with OR", "expression": f"({beard} | {glasses}) + {smiling}",
+         "form": "auto", "reads": {"beard": ["yes"], "glasses": ["yes"], "smiling": ["yes"]},
+         "want": [{"beard": ["yes"], "smiling": ["yes"]}, {"glasses": ["yes"], "smiling": ["yes"]}],
+         "expect": "smiling, with a beard or glasses (each about half)",
+         "targets": {"accuracy": (0.95, 1.0), "beard=yes": (0.30, 1.0), "glasses=yes": (0.30, 1.0)}},
+        {"family": "faces64", "operator": "NOT", "expression": f"{glasses} - {beard}", "form": "auto",
+         "reads": {"glasses": ["yes"], "beard": ["yes"]}, "want": [{"glasses": ["yes"], "beard": ["no"]}],
+         "expect": "glasses, no beard", "targets": {"accuracy": (0.95, 1.0)}},
+        {"family": "faces64", "operator": "NOT", "expression": f"{beard} - {smiling}", "form": "auto",
+         "reads": {"beard": ["yes"], "smiling": ["yes"]}, "want": [{"beard": ["yes"], "smiling": ["no"]}],
+         "expect": "a beard, no smile", "targets": {"accuracy": (0.95, 1.0)}},
+    ]
 
 
 def rows() -> list[dict]:
@@ -145,9 +189,15 @@ def rows() -> list[dict]:
         out.append({"family": "shapes", "operator": "temperature", "expression": f"{shape('shape', 'circle')} / {t}",
                     "form": "auto", "reads": {"shape": ["circle"]}, "want": [{"shape": ["circle"]}], "spread": True,
                     "expect": "wider spread as T grows", "targets": {}})
+    out += faces64_rows()
     for i, row in enumerate(out):
         row["index"] = i
     return out
+
+
+def table_rows(table: str) -> list[dict]:
+    """The rows of one ``--table``."""
+    return [row for row in rows() if row["family"] in TABLES[table]]
 
 
 def draw(row: dict, n: int, models: dict) -> torch.Tensor:
@@ -207,7 +257,10 @@ def measure(row: dict, n: int, models: dict, classifiers: dict) -> tuple[dict, t
 
 def renders(family: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Fresh renders of the family with their labels (none of them a model's training data)."""
-    data = faces(4000, seed=1, size=16) if family == "faces" else shapes(4000, 16, seed=11, split="all")
+    if family == "shapes":
+        data = shapes(4000, 16, seed=11, split="all")
+    else:
+        data = faces(4000, seed=1, size=16) if family == "faces" else faces(4000, seed=1, size=64, style="lorelei")
     images = data.images.float() / 255 if data.images.dtype == torch.uint8 else data.images
     return images, data.labels
 
@@ -218,7 +271,8 @@ def sheet(results: list[dict], samples: dict[str, torch.Tensor], family: str, pa
     want = {job["index"]: job["want"] for job in rows()}
     pairs = [(samples[str(r["index"])], images[matches(family, labels, want[r["index"]])][:SHEET_SAMPLES])
              for r in results if r["family"] == family and str(r["index"]) in samples]
-    save_image_grid(contact_sheet(pairs, per_row=SHEET_SAMPLES, scale=1)[None], path, scale=4)
+    save_image_grid(contact_sheet(pairs, per_row=SHEET_SAMPLES, scale=1)[None], path,
+                    scale=4 if images.shape[-1] <= 16 else 1)
 
 
 def measured_text(r: dict) -> str:
@@ -266,14 +320,14 @@ def group_row(group: list[dict]) -> str:
 
 
 def report(results: list[dict], samples: dict[str, torch.Tensor], n: int, minutes: float, write_doc: bool,
-           out: Path) -> None:
+           out: Path, table: str = "both") -> None:
     print(json.dumps(results, indent=1), flush=True)
     images = ROOT / "docs" / "images" if write_doc else out
-    for family in ("faces", "shapes"):
+    for family in TABLES[table]:
         sheet(results, samples, family, images / f"algebra-{family}.png")
     if not write_doc:
         return
-    head = [
+    head = faces64_head(n, minutes) if table == "faces64" else [
         "## The algebra, both families",
         "",
         f"`python -m benchmarks.algebra --n {n}` (as shards and `--merge`) on {machine()}, {minutes:.0f} CPU-minutes."
@@ -290,13 +344,27 @@ def report(results: list[dict], samples: dict[str, torch.Tensor], n: int, minute
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     sheets = []
-    for family in ("faces", "shapes"):
+    for family in TABLES[table]:
         sheets += [f"![algebra, {family}](images/algebra-{family}.png)", "",
                    f"{family.capitalize()}: each sampled row's first {SHEET_SAMPLES} samples (left) beside renders of"
                    " what it asks for (right), in the table's order.", ""]
     full = head + [group_row([r]) for r in results] + [""] + sheets
     short = head + [group_row(g) for g in grouped(results)] + [""] + sheets
-    write_section("algebra", "\n".join(full), short="\n".join(short))
+    write_section(SECTION[table], "\n".join(full), short="\n".join(short))
+
+
+def faces64_head(n: int, minutes: float) -> list[str]:
+    """The heading of the 64-px faces' algebra table."""
+    return [
+        "## The algebra of the 64-px faces over latents",
+        "",
+        f"`python -m benchmarks.algebra --table faces64 --n {n}` on {machine()}, {minutes:.0f} CPU-minutes. {n} samples"
+        " per row, drawn as a user draws them (the models' own settings, decoded to 64-px images) from the bundled"
+        " latent `faces64-*` models, read by `faces64-classifier`; the measures as in \"The algebra, both families\".",
+        "",
+        "| family | operator | expression | form | expected | measured | target |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
 
 
 def implicit_classifier(model_path: str, attribute: str, levels: tuple[float, ...] = (0.1, 0.5, 2.0),
@@ -321,6 +389,8 @@ def implicit_classifier(model_path: str, attribute: str, levels: tuple[float, ..
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=256, help="samples per row")
+    parser.add_argument("--table", choices=sorted(TABLES), default="both",
+                        help="both: the 16-px faces and the Shapes models; faces64: the 64-px latent faces models")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "algebra")
     parser.add_argument("--only", nargs="+", default=None, metavar="INDEX", type=int, help="measure these rows only")
@@ -338,25 +408,29 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
+    stem_name = SECTION[args.table]
     from safetensors.torch import load_file, save_file
 
     if args.merge:
-        parts = [json.loads((args.out / f"algebra-shard{i}of{args.merge}.json").read_text()) for i in range(args.merge)]
+        parts = [json.loads((args.out / f"{stem_name}-shard{i}of{args.merge}.json").read_text())
+                 for i in range(args.merge)]
         results = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["index"])
-        if [r["index"] for r in results] != [r["index"] for r in rows()] or len({p["n"] for p in parts}) != 1:
+        wanted = [r["index"] for r in table_rows(args.table)]
+        if [r["index"] for r in results] != wanted or len({p["n"] for p in parts}) != 1:
             raise SystemExit("the shards do not cover the table at one --n: rerun every shard with the same settings")
         samples = {k: v for i in range(args.merge)
-                   for k, v in load_file(str(args.out / f"algebra-shard{i}of{args.merge}.safetensors")).items()}
-        report(results, samples, parts[0]["n"], sum(p["minutes"] for p in parts), not args.no_doc, args.out)
+                   for k, v in load_file(str(args.out / f"{stem_name}-shard{i}of{args.merge}.safetensors")).items()}
+        report(results, samples, parts[0]["n"], sum(p["minutes"] for p in parts), not args.no_doc, args.out,
+               args.table)
         return
     shard, shards = (int(v) for v in args.shard.split("/")) if args.shard else (0, 1)
     given = dict(item.split("=", 1) for item in args.model)
     models: dict = {name: load(path) for name, path in given.items()}
-    classifiers = {family: load(name).eval() for family, name in CLASSIFIER.items()}
+    classifiers = {family: load(CLASSIFIER[family]).eval() for family in TABLES[args.table]}
     results, samples = [], {}
     t0 = time.perf_counter()
-    for row in rows():
-        if row["index"] % shards != shard or (args.only and row["index"] not in args.only):
+    for position, row in enumerate(table_rows(args.table)):
+        if position % shards != shard or (args.only and row["index"] not in args.only):
             continue
         result, first = measure(row, args.n, models, classifiers)
         results.append(result)
@@ -368,11 +442,11 @@ def main() -> None:
         (args.out / "algebra-models.json").write_text(json.dumps({"models": given, "n": args.n, "rows": results}, indent=1))
         return
     if shards > 1 or args.only:
-        stem = args.out / f"algebra-shard{shard}of{shards}"
+        stem = args.out / f"{stem_name}-shard{shard}of{shards}"
         stem.with_suffix(".json").write_text(json.dumps({"n": args.n, "minutes": minutes, "rows": results}, indent=1))
         save_file(samples, str(stem.with_suffix(".safetensors")))
         return
-    report(results, samples, args.n, minutes, not args.no_doc, args.out)
+    report(results, samples, args.n, minutes, not args.no_doc, args.out, args.table)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,14 @@ stages, read from the old card, with ``--set`` settings that give the model sett
 
 keeps the bundled weights and classifier and writes the four models' cards again: their training facts read from
 the old cards, their settings from the recipes as they stand, their quality from the table.
+
+    python -m benchmarks.bundle_faces --style lorelei --run smiling=runs/latent/faces64-smiling@"2-core CPU, one thread" \
+        ... --table latent
+
+bundles the 64-px lorelei models over latents (``faces64-<attribute>``, ``recipes/latent/faces64-<attribute>.toml``;
+their table is ``python -m benchmarks.faces --style lorelei``), keeping the bundled faces64-classifier. A model's
+weights are stored in float16 when rounding them changes its denoising loss (`rounding_cost`) by less than
+`HALF_TOLERANCE`, in float32 otherwise; the card says which.
 """
 
 from __future__ import annotations
@@ -37,10 +45,13 @@ import re
 import statistics
 from pathlib import Path
 
+import torch
+
 from benchmarks.bundle import CARDS_DIR, _training_minutes, bundle_classifier_as
-from benchmarks.faces import ATTRIBUTES, HELD_OUT, alone_table
-from composable_ebm.data import FACES_ATTRIBUTES, faces
-from composable_ebm.data.faces import GENERATOR
+from benchmarks.bundle_faces64 import rounded
+from benchmarks.faces import PIXEL_ART, TABLES, FacesTable, alone_table
+from composable_ebm.data import faces
+from composable_ebm.data.faces import GENERATOR, STYLES
 from composable_ebm.model_cards import model_card, recipe_text
 from composable_ebm.models import BUNDLED_DIR, load_model, save_model
 from composable_ebm.recipes import load_recipe, parse_setting
@@ -50,6 +61,9 @@ from composable_ebm.training import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIFIER = "faces-classifier"
+HALF_TOLERANCE = 1e-3
+"""The largest relative change of the denoising loss that rounding the weights to float16 may make for them to be
+stored so."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,23 +84,25 @@ class Stage:
                 + (" with " + " ".join(f"`--set {s}`" for s in self.settings) if self.settings else "")
                 + f", about {_training_minutes(self.run):.0f} minutes")
 
-    def command(self, name: str, out: str, init: str | None, config_change: bool = False) -> str:
-        """The stage's ``cebm train`` line (``config_change``: its model settings differ from ``init``'s)."""
-        return (f"cebm train recipes/{name}.toml --out {out}" + (f" --init {init}" if init else "")
+    def command(self, name: str, out: str, init: str | None, config_change: bool = False,
+                recipes: str = "recipes") -> str:
+        """The stage's ``cebm train`` line (``config_change``: its model settings differ from ``init``'s) for the
+        recipe ``RECIPES/NAME.toml``."""
+        return (f"cebm train {recipes}/{name}.toml --out {out}" + (f" --init {init}" if init else "")
                 + (" --allow-config-change" if config_change else "") + f" --steps {self.steps}" + (f" --precision {self.precision}" if self.precision else "")
                 + "".join(f" --set {s}" for s in self.settings))
 
 
-def _table(label: str) -> list[dict]:
+def _table(label: str, t: FacesTable = PIXEL_ART) -> list[dict]:
     rows = []
-    for path in sorted((ROOT / "runs" / "faces-table").glob(f"faces-{label}-shard*.json")):
+    for path in sorted((ROOT / "runs" / "faces-table").glob(f"{t.prefix}-{label}-shard*.json")):
         rows += json.loads(path.read_text())["rows"]
     if not rows:
         print(f"no rows of `python -m benchmarks.faces --label {label}` in runs/faces-table: cards without them")
     return sorted(rows, key=lambda r: r["index"])
 
 
-def _stages(items: list[str], flag: str) -> dict[str, list[Stage]]:
+def _stages(items: list[str], flag: str, t: FacesTable = PIXEL_ART) -> dict[str, list[Stage]]:
     """``ATTRIBUTE=RUN@DEVICE[@PRECISION[@SETTINGS]]`` -> {attribute: [Stage, ...] in the order given}."""
     out: dict[str, list[Stage]] = {}
     for item in items:
@@ -95,9 +111,9 @@ def _stages(items: list[str], flag: str) -> dict[str, list[Stage]]:
         device, _, where = where.partition("@")
         precision, _, settings = where.partition("@")
         sets = tuple(s.strip() for s in settings.split(";") if s.strip())
-        if attribute not in ATTRIBUTES or not run or not device or precision not in ("", *PRECISIONS):
+        if attribute not in t.attributes or not run or not device or precision not in ("", *PRECISIONS):
             raise SystemExit(f"{flag} {item!r}: write ATTRIBUTE=RUN@DEVICE[@PRECISION[@SETTINGS]] with ATTRIBUTE one"
-                             f" of {list(ATTRIBUTES)}, PRECISION one of {list(PRECISIONS)} (or empty) and SETTINGS"
+                             f" of {list(t.attributes)}, PRECISION one of {list(PRECISIONS)} (or empty) and SETTINGS"
                              " as cebm train --set takes them, separated by ';'")
         for setting in sets:
             parse_setting(setting)  # one line, now, for a malformed one
@@ -105,15 +121,16 @@ def _stages(items: list[str], flag: str) -> dict[str, list[Stage]]:
     return out
 
 
-def _quality(attribute: str, rows: list[dict], classifier_name: str) -> list[str]:
+def _quality(attribute: str, rows: list[dict], t: FacesTable = PIXEL_ART) -> list[str]:
     """The card's measured section: the model alone per value, and the composites that name its attribute."""
     alone = [r for r in rows if r["kind"] == "alone" and attribute in r["want"]]
     if not alone:
-        return ["## Measured quality", "", "Not measured yet (`python -m benchmarks.faces --models bundled`)."]
+        style = "" if t is PIXEL_ART else f" --style {t.style}"
+        return ["## Measured quality", "", f"Not measured yet (`python -m benchmarks.faces{style} --models bundled`)."]
     n = alone[0]["n"]
     lines = ["## Measured quality", "",
              f"`python -m benchmarks.faces` ({n} samples per row with the model's own sampler settings, read by"
-             f" `{classifier_name}`). FID ratio: FID in the classifier's features against fresh renders of the value,"
+             f" `{t.classifier}`). FID ratio: FID in the classifier's features against fresh renders of the value,"
              " over the floor of as many fresh renders (1 = as close as real images); HF ratio: high-frequency energy"
              " over the renders'; gap: the largest difference between the samples' mix of another attribute and the"
              " renders' under that value, every render or the training split (the held-out triple left out, as this"
@@ -127,9 +144,9 @@ def _quality(attribute: str, rows: list[dict], classifier_name: str) -> list[str
                 if joint:
                     lines.append(f"- {form}, {arity} attributes: {len(joint)} composites, mean joint accuracy"
                                  f" {statistics.mean(joint):.3f}, worst {min(joint):.3f}")
-        held = {r["form"]: r["joint"] for r in named if r["target"] == HELD_OUT}
+        held = {r["form"]: r["joint"] for r in named if r["target"] == t.held_out}
         if held:
-            lines.append("- the held-out triple `smiling + glasses + hat`: "
+            lines.append(f"- the held-out triple `{' + '.join(t.held_out)}`: "
                          + ", ".join(f"{form} {joint:.3f}" for form, joint in sorted(held.items())))
     return lines
 
@@ -148,7 +165,7 @@ def bundle_classifier(source: Path) -> None:
         " benchmarks.bundle_faces`):")
 
 
-def _trained_from_runs(name: str, chain: list[Stage]) -> tuple[int, str, list[str]]:
+def _trained_from_runs(name: str, chain: list[Stage], recipes: str = "recipes") -> tuple[int, str, list[str]]:
     """A model's iterations, its sentence on how it trained and its commands to reproduce, from its runs."""
     steps = sum(stage.steps for stage in chain)
     if len(chain) > 1:
@@ -159,7 +176,7 @@ def _trained_from_runs(name: str, chain: list[Stage]) -> tuple[int, str, list[st
     else:
         trained = f"Trained for {chain[0].describe()}."
     outs = [f"runs/{name}-stage{k + 1}" for k in range(len(chain) - 1)] + [f"runs/{name}"]
-    reproduce = [stage.command(name, out, f"{outs[k - 1]}/model" if k else None)
+    reproduce = [stage.command(name, out, f"{outs[k - 1]}/model" if k else None, recipes=recipes)
                  for k, (stage, out) in enumerate(zip(chain, outs, strict=True))]
     return steps, trained, reproduce
 
@@ -175,7 +192,8 @@ def _trained_from_card(card: str) -> tuple[int, str, list[str]]:
     return int(steps.group(1)), trained.group(1), reproduce.group(1).splitlines()
 
 
-def _extended(card: str, name: str, stage: Stage, before: tuple[str, ...]) -> tuple[int, str, list[str]]:
+def _extended(card: str, name: str, stage: Stage, before: tuple[str, ...],
+              recipes: str = "recipes") -> tuple[int, str, list[str]]:
     """A bundled model's training facts (its old card) with one more stage: ``stage``, fine-tuned from it with the
     recipe as it stands; the earlier stages' commands get ``before`` (the model settings they trained with)."""
     steps, trained, reproduce = _trained_from_card(card)
@@ -185,7 +203,8 @@ def _extended(card: str, name: str, stage: Stage, before: tuple[str, ...]) -> tu
         raise SystemExit(f"--extend {name}: its card's Reproduce block has no single `{final.strip()}` to build on")
     reproduce = [line.replace(final, f"--out runs/{name}-stage{earlier - 1} ") + "".join(f" --set {s}" for s in before)
                  for line in reproduce]
-    reproduce.append(stage.command(name, f"runs/{name}", f"runs/{name}-stage{earlier - 1}/model", config_change=True))
+    reproduce.append(stage.command(name, f"runs/{name}", f"runs/{name}-stage{earlier - 1}/model", config_change=True,
+                                   recipes=recipes))
     changed = " ".join(f"`--set {s}`" for s in before)
     trained = (f"{trained} Then a further stage: {stage.describe()} from those weights (`cebm train --init"
                " --allow-config-change`, a fresh optimiser), with the recipe's model settings as they stand; the stages"
@@ -205,8 +224,46 @@ def _guidance(sampling: SamplingDefaults) -> str:
                if sampling.guided_alone else "."))
 
 
+def rounding_cost(model, t: FacesTable, attribute: str, n: int = 512) -> float:
+    """How much rounding ``model``'s weights to float16 changes its denoising loss on ``n`` fresh renders (their
+    latents, for a latent model), relative to the loss: the same noise and levels for both."""
+    from composable_ebm.training.denoising import DenoisingObjective
+
+    data = t.renders(n, seed=1)
+    x = data.images.float() / 255 if data.images.dtype == torch.uint8 else data.images
+    if model.latent_space is not None:
+        x = model.latent_space.encode(x)
+    labels = {attribute: data.labels[attribute]}
+
+    def loss(m) -> float:
+        objective, generator = DenoisingObjective(m.eval()), torch.Generator().manual_seed(0)
+        return sum(float(objective(chunk, {attribute: y}, generator).loss.detach())
+                   for chunk, y in zip(x.split(128), labels[attribute].split(128), strict=True))
+
+    full = loss(model)
+    return abs(loss(rounded(model)) - full) / full
+
+
+def data_text(t: FacesTable, attribute: str) -> str:
+    """The card's sentence on what the model was trained on and what it is."""
+    values = ", ".join(t.values[attribute])
+    held = ", ".join(f"{a}={v}" for a, v in t.held_out.items())
+    if t is PIXEL_ART:
+        return (f"Trained on the faces dataset (`cebm data faces`: {GENERATOR}), 16x16, 20,000 renders with every"
+                f" smiling face that wears glasses and a hat held out; conditioned on `{attribute}` ({values}). A"
+                " noise-conditioned energy (docs/diffusion.md): sampled down a ladder of noise levels.")
+    return (f"Trained on the latents of `faces64-autoencoder` (docs/latent.md) of the {t.style} faces dataset (`cebm data"
+            f" faces --style {t.style} --size {t.size}`: {STYLES[t.style].generator}), {t.size}x{t.size}, 20,000 renders"
+            f" with every face of {held} held out (of the autoencoder's data too); conditioned on"
+            f" `{attribute}` ({values}). A noise-conditioned energy (docs/diffusion.md) over the autoencoder's"
+            " standardised latents: sampled down a ladder of noise levels, then decoded to images once.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--style", choices=sorted(TABLES), default="pixel-art",
+                        help="which faces models: the 16-px pixel-art ones (faces-*) or the 64-px lorelei ones over"
+                             " latents (faces64-*)")
     parser.add_argument("--run", action="append", default=[], metavar="ATTRIBUTE=RUN@DEVICE[@PRECISION[@SETTINGS]]",
                         help="each model's run (cebm train --out RUN) and where it trained")
     parser.add_argument("--stage", action="append", default=[], metavar="ATTRIBUTE=RUN@DEVICE[@PRECISION[@SETTINGS]]",
@@ -224,8 +281,9 @@ def main() -> None:
                         help="with --extend: the earlier stages' model settings, as ';'-separated --set settings"
                              " (model.sigma_max=1.0)")
     args = parser.parse_args()
-    runs, stages = _stages(args.run, "--run"), _stages(args.stage, "--stage")
-    extend = _stages(args.extend, "--extend")
+    t = TABLES[args.style]
+    runs, stages = _stages(args.run, "--run", t), _stages(args.stage, "--stage", t)
+    extend = _stages(args.extend, "--extend", t)
     before = tuple(s.strip() for s in args.before.split(";") if s.strip())
     for setting in before:
         parse_setting(setting)
@@ -235,49 +293,55 @@ def main() -> None:
     if extend and (any(len(r) != 1 for r in extend.values()) or not before):
         raise SystemExit("--extend: one run per attribute, and --before naming the model settings the earlier stages"
                          " trained with")
-    if not (args.cards_only or extend) and (set(runs) != set(ATTRIBUTES) or any(len(r) != 1 for r in runs.values())):
-        raise SystemExit(f"give one --run for each of {list(ATTRIBUTES)}")
-    rows = _table(args.table)
-    if not (args.cards_only or extend):
+    if not (args.cards_only or extend) and (set(runs) != set(t.attributes)
+                                            or any(len(r) != 1 for r in runs.values())):
+        raise SystemExit(f"give one --run for each of {list(t.attributes)}")
+    rows = _table(args.table, t)
+    if not (args.cards_only or extend) and t is PIXEL_ART:  # the lorelei classifier is bundled on its own
         bundle_classifier(args.classifier)
-    for attribute in ATTRIBUTES:
-        name = f"faces-{attribute}"
+    recipes = t.recipe.parent.relative_to(ROOT).as_posix()
+    for attribute in t.attributes:
+        name = f"{t.prefix}-{attribute}"
         if extend and attribute not in extend:
             continue
         if extend:
             stage = extend[attribute][0]
             model = load_model(stage.run / "model")
             card = (CARDS_DIR / f"{name}.md").read_text()
-            steps, trained, reproduce = _extended(card, name, stage, before)
+            steps, trained, reproduce = _extended(card, name, stage, before, recipes)
         elif args.cards_only:
             model = load_model(BUNDLED_DIR / name)
             steps, trained, reproduce = _trained_from_card((CARDS_DIR / f"{name}.md").read_text())
         else:
             model = load_model(runs[attribute][0].run / "model")
-            steps, trained, reproduce = _trained_from_runs(name, [*stages.get(attribute, []), runs[attribute][0]])
-        recipe = ROOT / "recipes" / f"{name}.toml"
+            steps, trained, reproduce = _trained_from_runs(name, [*stages.get(attribute, []), runs[attribute][0]],
+                                                           recipes)
+        recipe = t.recipe.parent / f"{name}.toml"
         spec = load_recipe(recipe)
         model.sampling_defaults = spec.sampling  # the recipe's [sampling] as it stands (its guidance scale)
-        values = ", ".join(FACES_ATTRIBUTES[attribute])
+        stored = ""
+        if t is not PIXEL_ART:  # float16 weights where rounding them measures nil
+            cost = rounding_cost(model, t, attribute)
+            half = cost < HALF_TOLERANCE
+            stored = (f" Weights stored in {'float16' if half else 'float32'}: rounding them to float16 changes the"
+                      f" denoising loss on 512 fresh renders by {cost:.1e} of itself; it loads and samples in float32.")
+            model = model.half() if half else model
         notes = "\n".join([
             "## Data and limitations", "",
-            f"Trained on the faces dataset (`cebm data faces`: {GENERATOR}), 16x16, 20,000 renders with every smiling"
-            f" face that wears glasses and a hat held out; conditioned on `{attribute}` ({values}). A noise-conditioned"
-            " energy (docs/diffusion.md): sampled down a ladder of noise levels. Label dropout trained its"
-            " unconditional energy, so sums with the other faces models sample in the guided form by default. "
-            + _guidance(spec.sampling), "",
-            trained + " Small, briefly trained models: check the accuracies below before relying on a combination.",
-            "", "## Reproduce", "", "```bash", *reproduce, "```", "",
-            *_quality(attribute, rows, CLASSIFIER),
+            data_text(t, attribute) + " Label dropout trained its unconditional energy, so sums with the other faces"
+            " models sample in the guided form by default. " + _guidance(spec.sampling), "",
+            trained + " Small, briefly trained models: check the accuracies below before relying on a combination."
+            + stored, "", "## Reproduce", "", "```bash", *reproduce, "```", "",
+            *_quality(attribute, rows, t),
         ])
         evals = [{"task": "unconditional-image-generation", "dataset": "faces", "metric": "accuracy",
-                  "value": round(r["joint"], 3), "name": f"{r['want'][attribute][0]} read right by {CLASSIFIER}"}
+                  "value": round(r["joint"], 3), "name": f"{r['want'][attribute][0]} read right by {t.classifier}"}
                  for r in rows if r["kind"] == "alone" and attribute in r["want"]]
         card = model_card(model, recipe=recipe_text(recipe), recipe_name=recipe.name, steps=steps, notes=notes,
                           metrics=["accuracy"], location=name, license="mit", datasets=None, eval_results=evals)
         (CARDS_DIR / f"{name}.md").write_text(card)
         save_model(model, BUNDLED_DIR / name, card=card)
-        print(f"bundled {name}")
+        print(f"bundled {name}" + stored)
 
 
 if __name__ == "__main__":
