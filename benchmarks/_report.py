@@ -46,6 +46,13 @@ def headline(body: str) -> str:
     return "\n\n".join(kept)
 
 
+def link_joint(short: str) -> str:
+    """What goes between a headline and the link to its whole section: a space after a paragraph (the link is its
+    last sentence), a blank line after a heading, a table or a picture."""
+    last = short.rstrip().rsplit("\n\n", 1)[-1]
+    return "\n\n" if last.startswith(("#", "|", "!")) else " "
+
+
 def write_section(name: str, body: str, short: str | None = None) -> None:
     """Write a section: its whole text to ``docs/benchmarks/<name>.md``, and its headline (``short`` where given,
     else `headline`) with a link there between the ``<!-- name -->`` markers of docs/benchmarks.md (other sections
@@ -59,7 +66,7 @@ def write_section(name: str, body: str, short: str | None = None) -> None:
     short = headline(body) if short is None else short.strip()
     if short != body:
         title = body.splitlines()[0].lstrip("# ").strip()
-        short += f"\n\nThe whole section: [{title}](benchmarks/{name}.md)."
+        short += link_joint(short) + f"The whole section: [{title}](benchmarks/{name}.md)."
     text = DOC.read_text() if DOC.exists() else HEADER
     block = f"<!-- {name} -->\n{short}\n<!-- /{name} -->"
     pattern = re.compile(rf"<!-- {re.escape(name)} -->.*?<!-- /{re.escape(name)} -->", re.DOTALL)
