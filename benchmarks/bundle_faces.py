@@ -256,7 +256,20 @@ def data_text(t: FacesTable, attribute: str) -> str:
             f" faces --style {t.style} --size {t.size}`: {STYLES[t.style].generator}), {t.size}x{t.size}, 20,000 renders"
             f" with every face of {held} held out (of the autoencoder's data too); conditioned on"
             f" `{attribute}` ({values}). A noise-conditioned energy (docs/diffusion.md) over the autoencoder's"
-            " standardised latents: sampled down a ladder of noise levels, then decoded to images once.")
+            " standardised latents: sampled down a ladder of noise levels, then decoded to images once. It was made in"
+            f" three stages: the autoencoder ({_autoencoder_minutes():.0f} minutes of one thread, once for every"
+            f" {t.prefix} model; its card), the training images encoded once ({ENCODE_MINUTES} minutes of one thread,"
+            " kept in the cache for the next model), then the training below.")
+
+
+ENCODE_MINUTES = 4
+"""Minutes of one CPU thread that encoding the 17,540 training images of a 64-px model took (once, then cached)."""
+
+
+def _autoencoder_minutes() -> float:
+    """The bundled faces64-autoencoder's training minutes, as its card states them."""
+    card = (CARDS_DIR / "faces64-autoencoder.md").read_text()
+    return float(re.search(r" in ([0-9.]+) minutes", card).group(1))
 
 
 def main() -> None:
@@ -320,7 +333,12 @@ def main() -> None:
         spec = load_recipe(recipe)
         model.sampling_defaults = spec.sampling  # the recipe's [sampling] as it stands (its guidance scale)
         stored = ""
-        if t is not PIXEL_ART:  # float16 weights where rounding them measures nil
+        kept = re.search(r" Weights stored in .*? it loads and samples in float32\.", (CARDS_DIR / f"{name}.md").read_text()
+                         ) if args.cards_only else None  # measured on the weights before they were rounded
+        if kept:
+            stored = kept.group(0)
+            model = model.half() if "stored in float16" in stored else model
+        elif t is not PIXEL_ART:  # float16 weights where rounding them measures nil
             cost = rounding_cost(model, t, attribute)
             half = cost < HALF_TOLERANCE
             stored = (f" Weights stored in {'float16' if half else 'float32'}: rounding them to float16 changes the"

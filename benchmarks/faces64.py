@@ -58,7 +58,7 @@ from composable_ebm.data import combination_mask
 from composable_ebm.data.faces import STYLES, faces, faces_folder
 from composable_ebm.evaluation.conditional import value_distribution
 from composable_ebm.evaluation.realism import contact_sheet, realism
-from composable_ebm.models import load_model
+from composable_ebm.models import BUNDLED_DIR, load_model
 from composable_ebm.recipes import build_model_from_shapes, load_recipe
 from composable_ebm.training import read_log
 
@@ -179,14 +179,16 @@ SENTENCE = {"smiling": "yes", "glasses": "yes", "beard": "yes"}
 
 def speed(models: Path | None, n: int, threads: list[int], recipes: Path = ROOT / "recipes") -> dict:
     """Seconds for ``n`` draws of the sentence at 64 px (its guided form, the recipes' sampling defaults), after a
-    warm-up draw, at each thread count; the models of ``models`` (``faces64-<attribute>/model``), or where absent
-    the networks of the recipes in ``recipes`` untrained (the time does not depend on the weights: every draw makes
+    warm-up draw, at each thread count; the models of ``models`` (``faces64-<attribute>/model``; ``bundled``: the
+    bundled ones), or where absent the networks of the recipes in ``recipes`` untrained (the time does not depend on the weights: every draw makes
     the same evaluations; ``recipes/latent``: the latent models, their draws decoded by the bundled autoencoder)."""
     import time
 
     terms, trained = [], []
     for attribute, value in SENTENCE.items():
         folder = models / f"faces64-{attribute}" / "model" if models is not None else None
+        if str(models) == "bundled":
+            folder = BUNDLED_DIR / f"faces64-{attribute}"
         if folder is not None and folder.is_dir():
             energy = load_model(folder)
             trained.append(attribute)
