@@ -105,8 +105,8 @@ def report() -> None:
         return json.loads(path.read_text()) if path.is_file() else None
 
     lines = ["## Faces at 64 px over latents: the autoencoder, seconds, the plain sum's Jacobian", "",
-             "`python -m benchmarks.bundle_faces64 autoencoder`, `python -m benchmarks.faces64 speed --recipes"
-             " recipes/latent` and `python -m benchmarks.autoencoder faces64-autoencoder --jacobian 6` (then"
+             "`python -m benchmarks.bundle_faces64 autoencoder` (or `remeasure`), `python -m benchmarks.faces64 speed"
+             " --models bundled --recipes recipes/latent` and `python -m benchmarks.autoencoder faces64-autoencoder --jacobian 6` (then"
              f" `python -m benchmarks.bundle_faces64 report`) on {machine()}; the models are"
              " `recipes/latent/faces64-*.toml` over the latents of `faces64-autoencoder` (docs/latent.md)."]
     kept = read("autoencoder.json")

@@ -146,7 +146,7 @@ def run_as_written(text: str, cwd) -> None:
 @needs_node
 def test_the_readmes_own_data_block_runs_as_written(cache, tmp_path):
     """Every line of the README's "Train on your own images" block, run in a fresh folder: the folder, the copied
-    template, two models, the classifier and the composed grid."""
+    template, two models and the composed grid."""
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
