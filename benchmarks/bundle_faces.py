@@ -27,8 +27,8 @@ stages, read from the old card, with ``--set`` settings that give the model sett
 keeps the bundled weights and classifier and writes the four models' cards again: their training facts read from
 the old cards, their settings from the recipes as they stand, their quality from the table.
 
-    python -m benchmarks.bundle_faces --style lorelei --run smiling=runs/latent/faces64-smiling@"2-core CPU, one thread" \
-        ... --table latent
+    python -m benchmarks.bundle_faces --style lorelei \
+        --run smiling=runs/latent/faces64-smiling@"2-core CPU, one thread" ... --table bundled
 
 bundles the 64-px lorelei models over latents (``faces64-<attribute>``, ``recipes/latent/faces64-<attribute>.toml``;
 their table is ``python -m benchmarks.faces --style lorelei``), keeping the bundled faces64-classifier. A model's
@@ -252,8 +252,9 @@ def data_text(t: FacesTable, attribute: str) -> str:
         return (f"Trained on the faces dataset (`cebm data faces`: {GENERATOR}), 16x16, 20,000 renders with every"
                 f" smiling face that wears glasses and a hat held out; conditioned on `{attribute}` ({values}). A"
                 " noise-conditioned energy (docs/diffusion.md): sampled down a ladder of noise levels.")
-    return (f"Trained on the latents of `faces64-autoencoder` (docs/latent.md) of the {t.style} faces dataset (`cebm data"
-            f" faces --style {t.style} --size {t.size}`: {STYLES[t.style].generator}), {t.size}x{t.size}, 20,000 renders"
+    return (f"Trained on the latents of `faces64-autoencoder` (docs/latent.md) of the {t.style} faces dataset"
+            f" (`cebm data faces --style {t.style} --size {t.size}`: {STYLES[t.style].generator}),"
+            f" {t.size}x{t.size}, 20,000 renders"
             f" with every face of {held} held out (of the autoencoder's data too); conditioned on"
             f" `{attribute}` ({values}). A noise-conditioned energy (docs/diffusion.md) over the autoencoder's"
             " standardised latents: sampled down a ladder of noise levels, then decoded to images once. It was made in"
@@ -333,8 +334,9 @@ def main() -> None:
         spec = load_recipe(recipe)
         model.sampling_defaults = spec.sampling  # the recipe's [sampling] as it stands (its guidance scale)
         stored = ""
-        kept = re.search(r" Weights stored in .*? it loads and samples in float32\.", (CARDS_DIR / f"{name}.md").read_text()
-                         ) if args.cards_only else None  # measured on the weights before they were rounded
+        old_card = (CARDS_DIR / f"{name}.md").read_text() if args.cards_only else ""
+        kept = re.search(r" Weights stored in .*? it loads and samples in float32\.", old_card)  # measured before
+        # the weights were rounded
         if kept:
             stored = kept.group(0)
             model = model.half() if "stored in float16" in stored else model

@@ -106,7 +106,8 @@ def report() -> None:
 
     lines = ["## Faces at 64 px over latents: the autoencoder, seconds, the plain sum's Jacobian", "",
              "`python -m benchmarks.bundle_faces64 autoencoder` (or `remeasure`), `python -m benchmarks.faces64 speed"
-             " --models bundled --recipes recipes/latent` and `python -m benchmarks.autoencoder faces64-autoencoder --jacobian 6` (then"
+             " --models bundled --recipes recipes/latent` and `python -m benchmarks.autoencoder faces64-autoencoder"
+             " --jacobian 6` (then"
              f" `python -m benchmarks.bundle_faces64 report`) on {machine()}; the models are"
              " `recipes/latent/faces64-*.toml` over the latents of `faces64-autoencoder` (docs/latent.md)."]
     kept = read("autoencoder.json")

@@ -393,7 +393,8 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
         + (f"; the last column: {n} of the training renders of the row's value drawn at random {FLOOR_DRAWS} times"
            if all("gap_floor" in r for r in alone) else "")
         + f"){t.note}.", "",
-        f"**Each model alone** (targets: {t.alone_targets}): median FID ratio **{statistics.median(fid):.1f}** (worst {fid[-1]:.1f}); accuracy mean"
+        f"**Each model alone** (targets: {t.alone_targets}): median FID ratio **{statistics.median(fid):.1f}**"
+        f" (worst {fid[-1]:.1f}); accuracy mean"
         f" {_mean([r['joint'] for r in alone]):.3f} (worst {min(r['joint'] for r in alone):.3f}); {largest_gaps(alone)}.",
         "",
         *alone_table(alone, t=t),

@@ -180,8 +180,9 @@ SENTENCE = {"smiling": "yes", "glasses": "yes", "beard": "yes"}
 def speed(models: Path | None, n: int, threads: list[int], recipes: Path = ROOT / "recipes") -> dict:
     """Seconds for ``n`` draws of the sentence at 64 px (its guided form, the recipes' sampling defaults), after a
     warm-up draw, at each thread count; the models of ``models`` (``faces64-<attribute>/model``; ``bundled``: the
-    bundled ones), or where absent the networks of the recipes in ``recipes`` untrained (the time does not depend on the weights: every draw makes
-    the same evaluations; ``recipes/latent``: the latent models, their draws decoded by the bundled autoencoder)."""
+    bundled ones), or where absent the networks of the recipes in ``recipes`` untrained (the time does not depend on
+    the weights: every draw makes the same evaluations; ``recipes/latent``: the latent models, their draws decoded by
+    the bundled autoencoder)."""
     import time
 
     terms, trained = [], []
