@@ -124,12 +124,12 @@ def _stages(items: list[str], flag: str, t: FacesTable = PIXEL_ART) -> dict[str,
 def _quality(attribute: str, rows: list[dict], t: FacesTable = PIXEL_ART) -> list[str]:
     """The card's measured section: the model alone per value, and the composites that name its attribute."""
     alone = [r for r in rows if r["kind"] == "alone" and attribute in r["want"]]
+    style = "" if t is PIXEL_ART else f" --style {t.style}"
     if not alone:
-        style = "" if t is PIXEL_ART else f" --style {t.style}"
         return ["## Measured quality", "", f"Not measured yet (`python -m benchmarks.faces{style} --models bundled`)."]
     n = alone[0]["n"]
     lines = ["## Measured quality", "",
-             f"`python -m benchmarks.faces` ({n} samples per row with the model's own sampler settings, read by"
+             f"`python -m benchmarks.faces{style}` ({n} samples per row with the model's own sampler settings, read by"
              f" `{t.classifier}`). FID ratio: FID in the classifier's features against fresh renders of the value,"
              " over the floor of as many fresh renders (1 = as close as real images); HF ratio: high-frequency energy"
              " over the renders'; gap: the largest difference between the samples' mix of another attribute and the"
