@@ -578,3 +578,34 @@ def test_the_faces_table_of_each_style_covers_its_models_values_and_its_held_out
     screened = [r for r in jobs(TABLES["lorelei"]) if set(r["want"]) <= {"glasses", "beard"}]
     assert {r["expression"] for r in screened if r["kind"] == "conjunction" and r["form"] == "guided"} == {
         f"guided(faces64-glasses[glasses={g}] + faces64-beard[beard={b}])" for g in ("no", "yes") for b in ("no", "yes")}
+
+
+def test_the_algebra_tables_keep_their_rows_seeds_and_name_only_models_of_their_family():
+    """benchmarks.algebra's 64-px table is its own (`--table faces64`): its rows come after the 16-px and Shapes rows,
+    so every older row keeps its index (its seed), and each row names only faces64 models, read by their classifier."""
+    from benchmarks.algebra import CLASSIFIER, TABLES, rows, table_rows
+
+    every = rows()
+    assert [r["index"] for r in every] == list(range(len(every)))
+    both, latent = table_rows("both"), table_rows("faces64")
+    assert [r["index"] for r in both] == list(range(len(both))) and len(both) + len(latent) == len(every)
+    for r in latent:
+        assert {m.split("-")[0] for m in re.findall(r"([\w-]+)\[", r["expression"])} == {"faces64"}
+    assert {"OR", "NOT", "AND with OR"} <= {r["operator"] for r in latent}
+    assert TABLES["faces64"] == ("faces64",) and CLASSIFIER["faces64"] == "faces64-classifier"
+
+
+def test_the_autoencoder_measure_finds_the_cell_where_an_attribute_is_erased():
+    """`benchmarks.autoencoder.worst_cells`: the value of an attribute, and of another, under which reconstructions
+    keep it least (a smile kept everywhere but inside a beard)."""
+    import torch
+
+    from benchmarks.autoencoder import worst_cells
+
+    beard = torch.tensor([0, 1] * 48)
+    smiling = torch.tensor([0, 0, 1, 1] * 24)
+    read = {"smiling": smiling, "beard": beard}
+    erased = (smiling == 1) & (beard == 1) & (torch.arange(96) % 8 == 3)  # half of the 24 smiling bearded faces
+    agree = {"smiling": ~erased, "beard": torch.ones(96, dtype=torch.bool)}
+    cells = worst_cells(agree, read)
+    assert cells["smiling"] == ["yes", "beard", "yes", 0.5] and cells["beard"][3] == 1.0
