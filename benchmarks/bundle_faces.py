@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.bundle import CARDS_DIR, _training_minutes, bundle_classifier_as
-from benchmarks.bundle_faces64 import rounded
+from benchmarks.bundle_faces64 import rounded, trained_minutes
 from benchmarks.faces import PIXEL_ART, TABLES, FacesTable, alone_table
 from composable_ebm.data import faces
 from composable_ebm.data.faces import GENERATOR, STYLES
@@ -258,19 +258,13 @@ def data_text(t: FacesTable, attribute: str) -> str:
             f" with every face of {held} held out (of the autoencoder's data too); conditioned on"
             f" `{attribute}` ({values}). A noise-conditioned energy (docs/diffusion.md) over the autoencoder's"
             " standardised latents: sampled down a ladder of noise levels, then decoded to images once. It was made in"
-            f" three stages: the autoencoder ({_autoencoder_minutes():.0f} minutes of one thread, once for every"
+            f" three stages: the autoencoder ({trained_minutes():.0f} minutes of one thread, once for every"
             f" {t.prefix} model; its card), the training images encoded once ({ENCODE_MINUTES} minutes of one thread,"
             " kept in the cache for the next model), then the training below.")
 
 
 ENCODE_MINUTES = 4
 """Minutes of one CPU thread that encoding the 17,540 training images of a 64-px model took (once, then cached)."""
-
-
-def _autoencoder_minutes() -> float:
-    """The bundled faces64-autoencoder's training minutes, as its card states them."""
-    card = (CARDS_DIR / "faces64-autoencoder.md").read_text()
-    return float(re.search(r" in ([0-9.]+) minutes", card).group(1))
 
 
 def main() -> None:

@@ -44,13 +44,22 @@ def rounded(model: torch.nn.Module) -> torch.nn.Module:
     return again
 
 
+def trained_line(folder: Path) -> str:
+    """An autoencoder's own account of its training, from its card: steps, images, minutes, PSNR."""
+    return next(line for line in (folder / "README.md").read_text().splitlines() if line.startswith("Trained for"))
+
+
+def trained_minutes(folder: Path = BUNDLED_DIR / NAME) -> float:
+    """The minutes an autoencoder trained for, as its card states them (the bundled one by default)."""
+    return float(re.search(r" in ([0-9.]+) minutes", trained_line(folder)).group(1))
+
+
 def bundle_autoencoder(run: Path, command: str, device: str, n: int = 500) -> None:
     model = load_model(run / "model")
     full, half = measure_model(model, n), measure_model(rounded(model), n)
     use_half = half["agreement"] == full["agreement"] and abs(half["psnr"] - full["psnr"]) < 0.05
     model.config = dataclasses.replace(model.config, name=NAME)
-    trained = next(line for line in (run / "model" / "README.md").read_text().splitlines()
-                   if line.startswith("Trained for"))  # the run's own account: steps, images, minutes, PSNR
+    trained = trained_line(run / "model")
     agreement = ", ".join(f"{a} {v:.3f}" for a, v in full["agreement"].items())
     notes = "\n".join([
         trained.strip(),
@@ -72,12 +81,11 @@ def bundle_autoencoder(run: Path, command: str, device: str, n: int = 500) -> No
     CARDS_DIR.mkdir(exist_ok=True)
     (CARDS_DIR / f"{NAME}.md").write_text(card)
     print(f"bundled {NAME} ({'float16' if use_half else 'float32'}): PSNR {full['psnr']:.2f} dB; {agreement}")
-    keep(full, n, trained, model.config.latent_channels, "float16" if use_half else "float32")
+    keep(full, n, trained_minutes(run / "model"), model.config.latent_channels, "float16" if use_half else "float32")
 
 
-def keep(measured: dict, n: int, trained: str, latent_channels: int, stored: str) -> None:
+def keep(measured: dict, n: int, minutes: float, latent_channels: int, stored: str) -> None:
     """Write what the bundled autoencoder was measured to keep, for `report`."""
-    minutes = float(re.search(r"in ([0-9.]+) minutes", trained).group(1))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "autoencoder.json").write_text(json.dumps({
         "n": n, "psnr": measured["psnr"], "agreement": measured["agreement"], "worst_cell": measured["worst_cell"],
@@ -87,11 +95,9 @@ def keep(measured: dict, n: int, trained: str, latent_channels: int, stored: str
 def remeasure(n: int = 500) -> None:
     """Measure the bundled autoencoder again (as loaded: float32 from its stored weights) for `report`."""
     model = load_model(BUNDLED_DIR / NAME)
-    trained = next(line for line in (BUNDLED_DIR / NAME / "README.md").read_text().splitlines()
-                   if line.startswith("Trained for"))
     stored = "float16" if "Weights stored in float16" in (BUNDLED_DIR / NAME / "README.md").read_text() else "float32"
     measured = measure_model(model, n)
-    keep(measured, n, trained, model.config.latent_channels, stored)
+    keep(measured, n, trained_minutes(), model.config.latent_channels, stored)
     print(json.dumps(measured))
 
 

@@ -104,18 +104,24 @@ def test_bundled_classifier_reads_clean_renders():
         assert float((pred[attribute] == labels).float().mean()) > 0.99
 
 
+def drawn_joint(prefix: str, wanted: dict[str, str], values, n: int = 32) -> tuple[torch.Tensor, float]:
+    """The sum of the bundled ``PREFIX-<attribute>`` models, each bound to its wanted value, drawn ``n`` times from seed
+    0 as a user draws it (guided, the default), and how often ``PREFIX-classifier`` reads every wanted value at once
+    (``values``: the family's attributes and their values)."""
+    terms = [cebm.load(f"{prefix}-{a}").condition(**{a: v}) for a, v in wanted.items()]
+    images = sum(terms[1:], terms[0]).sample(n=n, seed=0)
+    pred = cebm.load(f"{prefix}-classifier").predict(images)
+    joint = torch.stack([pred[a] == value_index(values, a, v) for a, v in wanted.items()]).all(0)
+    return images, float(joint.float().mean())
+
+
 @pytest.mark.models
 def test_bundled_models_compose_a_held_out_combination():
     # red circles were held out of every model's training split; `cebm eval compose` reads 0.95 joint accuracy
     # for this expression (guided, the default) over 64 samples. A model reading 0.95 draws 32 samples under 0.85
     # with probability 0.02 (binomial), so under 0.85 is a regression (these 32 seeded samples read 1.000)
-    color, shape, size = cebm.load("shapes-color"), cebm.load("shapes-shape"), cebm.load("shapes-size")
-    energy = color.condition(color="red") + shape.condition(shape="circle") + size.condition(size="large")
-    images = energy.sample(n=32, seed=0)
-    pred = cebm.load("shapes-classifier").predict(images)
-    wanted = {"color": "red", "shape": "circle", "size": "large"}
-    joint = torch.stack([pred[a] == value_index(SHAPES_ATTRIBUTES, a, v) for a, v in wanted.items()]).all(0)
-    assert float(joint.float().mean()) >= 0.85
+    _, joint = drawn_joint("shapes", {"color": "red", "shape": "circle", "size": "large"}, SHAPES_ATTRIBUTES)
+    assert joint >= 0.85
 
 
 @pytest.mark.models
@@ -123,14 +129,8 @@ def test_the_faces_sentence_draws_the_held_out_triple():
     # no model saw a smiling face with glasses and a hat; benchmarks/faces.py reads 0.969 joint accuracy for this
     # composite (guided, the default) over 64 samples. A model reading 0.969 draws 32 samples under 0.85 with
     # probability 0.0004 (binomial), so under 0.85 is a regression
-    smiling = cebm.load("faces-smiling").condition(smiling="yes")
-    glasses = cebm.load("faces-glasses").condition(glasses="yes")
-    hat = cebm.load("faces-hat").condition(hat="yes")
-    images = (smiling + glasses + hat).sample(n=32, seed=0)
-    pred = cebm.load("faces-classifier").predict(images)
-    wanted = {"smiling": "yes", "glasses": "yes", "hat": "yes"}
-    joint = torch.stack([pred[a] == value_index(FACES_ATTRIBUTES, a, v) for a, v in wanted.items()]).all(0)
-    assert float(joint.float().mean()) >= 0.85
+    _, joint = drawn_joint("faces", {"smiling": "yes", "glasses": "yes", "hat": "yes"}, FACES_ATTRIBUTES)
+    assert joint >= 0.85
 
 
 @pytest.mark.models
@@ -139,14 +139,12 @@ def test_the_64_px_sentence_draws_decoded_faces_of_the_held_out_triple():
     # lorelei reads 0.484 joint accuracy for this composite (guided, the default) over 64 samples, where the
     # autoencoder keeps a smile inside a beard 0.508 of the time. A model reading 0.484 draws 32 samples under 0.25
     # with probability 0.004 (binomial), so under 0.25 is a regression
-    smiling = cebm.load("faces64-smiling").condition(smiling="yes")
-    glasses = cebm.load("faces64-glasses").condition(glasses="yes")
-    beard = cebm.load("faces64-beard").condition(beard="yes")
-    images = (smiling + glasses + beard).sample(n=32, seed=0)
+    from composable_ebm.data.faces import STYLES
+
+    images, joint = drawn_joint("faces64", {"smiling": "yes", "glasses": "yes", "beard": "yes"},
+                                STYLES["lorelei"].attributes)
     assert images.shape == (32, 3, 64, 64) and float(images.min()) >= 0 and float(images.max()) <= 1
-    pred = cebm.load("faces64-classifier").predict(images)
-    joint = (pred["smiling"] == 1) & (pred["glasses"] == 1) & (pred["beard"] == 1)
-    assert float(joint.float().mean()) >= 0.25
+    assert joint >= 0.25
 
 
 @pytest.mark.models
