@@ -15,7 +15,8 @@ The 64-px faces over latents (the bundled `faces64-*` models, read by `faces64-c
 Every row is drawn as a user draws it (``energy.sample(n, seed=..., form=...)``, the models' own settings, form
 ``auto`` unless the row names another) and read by its family's bundled classifier: the noise-conditioned faces
 models (`faces-*`, read by `faces-classifier`) and the contrastive-divergence Shapes models (`shapes-*`, read by
-`shapes-classifier`). A row reads the share of the values it names, its accuracy (a sample that matches one of the
+`shapes-classifier`); a faces row's accuracy is read by its second judge too (`faces-judge`, `faces64-judge`:
+benchmarks.faces). A row reads the share of the values it names, its accuracy (a sample that matches one of the
 row's alternatives in every attribute) and, for a temperature, the spread of its samples (the per-pixel standard
 deviation across them). A row whose form the pipeline refuses records its one line. The ``energy`` rows run the
 expression's energy as written through the low-level sampler (`composable_ebm.sampling.sample`): a disjunction's
@@ -54,6 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHEET_SAMPLES = 8
 VALUES = {"faces": FACES_ATTRIBUTES, "shapes": SHAPES_ATTRIBUTES, "faces64": STYLES["lorelei"].attributes}
 CLASSIFIER = {"faces": "faces-classifier", "shapes": "shapes-classifier", "faces64": "faces64-classifier"}
+JUDGE = {"faces": "faces-judge", "faces64": "faces64-judge"}
+"""The faces families' second judges (benchmarks.faces): a row's accuracy by them is given beside the classifier's."""
 TABLES = {"both": ("faces", "shapes"), "faces64": ("faces64",)}
 """The tables by ``--table``: which families' rows each measures (a row keeps its index, its seed, in every table)."""
 SECTION = {"both": "algebra", "faces64": "algebra-faces64"}
@@ -223,8 +226,10 @@ def matches(family: str, labels: dict[str, torch.Tensor], want: list[dict[str, l
     return combination_mask(labels, VALUES[family], combinations)
 
 
-def measure(row: dict, n: int, models: dict, classifiers: dict) -> tuple[dict, torch.Tensor | None]:
-    """One row's measures and its first samples (``None`` for a refused row)."""
+def measure(row: dict, n: int, models: dict, classifiers: dict,
+            judges: dict | None = None) -> tuple[dict, torch.Tensor | None]:
+    """One row's measures and its first samples (``None`` for a refused row); a family with a judge in ``judges``
+    gets the row's accuracy as the judge reads it too (``judge_accuracy``)."""
     out = {k: row[k] for k in ("index", "family", "operator", "expression", "form", "expect", "targets")}
     t0 = time.perf_counter()
     try:
@@ -250,6 +255,9 @@ def measure(row: dict, n: int, models: dict, classifiers: dict) -> tuple[dict, t
     if row.get("spread"):
         measured["spread"] = float(samples.std(dim=0).mean())
     out["measured"] = measured
+    if judges and row["family"] in judges:
+        out["judge_accuracy"] = float(matches(row["family"], judges[row["family"]].predict(samples),
+                                              row["want"]).float().mean())
     out["n"] = n
     out["met"] = all(lo - 1e-9 <= measured[k] <= hi + 1e-9 for k, (lo, hi) in row["targets"].items())
     return out, samples[:SHEET_SAMPLES]
@@ -280,7 +288,8 @@ def measured_text(r: dict) -> str:
         return "refused: " + r["refused"].split(";")[0]
     m = r["measured"]
     parts = [f"{k} {v:.3f}" for k, v in m.items() if k != "accuracy"]
-    return f"accuracy {m['accuracy']:.3f}" + ("; " + ", ".join(parts) if parts else "")
+    judged = f" (second judge {r['judge_accuracy']:.3f})" if "judge_accuracy" in r else ""
+    return f"accuracy {m['accuracy']:.3f}{judged}" + ("; " + ", ".join(parts) if parts else "")
 
 
 def target_text(r: dict) -> str:
@@ -332,7 +341,8 @@ def report(results: list[dict], samples: dict[str, torch.Tensor], n: int, minute
         "",
         f"`python -m benchmarks.algebra --n {n}` (as shards and `--merge`) on {machine()}, {minutes:.0f} CPU-minutes."
         f" {n} samples per row, drawn as a user draws them (`energy.sample(n, seed=..., form=...)`, the models' own"
-        " settings); faces rows are the bundled noise-conditioned `faces-*` models read by `faces-classifier`, Shapes"
+        " settings); faces rows are the bundled noise-conditioned `faces-*` models read by `faces-classifier` (and"
+        " their accuracy by the second judge `faces-judge`, where measured), Shapes"
         " rows the bundled contrastive-divergence `shapes-*` models read by `shapes-classifier`. Accuracy: a sample"
         " matches what the row asks for in every attribute (for an OR, one of its sides); `attr=value`: that value's"
         " share; `others`: the other colours' share; `p(...)`: the classifier's mean probability; `spread`: per-pixel"
@@ -360,7 +370,8 @@ def faces64_head(n: int, minutes: float) -> list[str]:
         "",
         f"`python -m benchmarks.algebra --table faces64 --n {n}` on {machine()}, {minutes:.0f} CPU-minutes. {n} samples"
         " per row, drawn as a user draws them (the models' own settings, decoded to 64-px images) from the bundled"
-        " latent `faces64-*` models, read by `faces64-classifier`; the measures as in \"The algebra, both families\".",
+        " latent `faces64-*` models, read by `faces64-classifier` (and each row's accuracy by the second judge"
+        " `faces64-judge`, where measured); the measures as in \"The algebra, both families\".",
         "",
         "| family | operator | expression | form | expected | measured | target |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -427,12 +438,13 @@ def main() -> None:
     given = dict(item.split("=", 1) for item in args.model)
     models: dict = {name: load(path) for name, path in given.items()}
     classifiers = {family: load(CLASSIFIER[family]).eval() for family in TABLES[args.table]}
+    judges = {family: load(JUDGE[family]).eval() for family in TABLES[args.table] if family in JUDGE}
     results, samples = [], {}
     t0 = time.perf_counter()
     for position, row in enumerate(table_rows(args.table)):
         if position % shards != shard or (args.only and row["index"] not in args.only):
             continue
-        result, first = measure(row, args.n, models, classifiers)
+        result, first = measure(row, args.n, models, classifiers, judges)
         results.append(result)
         if first is not None:
             samples[str(row["index"])] = first.contiguous()

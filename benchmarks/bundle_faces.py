@@ -79,6 +79,12 @@ class Stage:
     def steps(self) -> int:
         return max(r["step"] for r in read_log(self.run) if "step" in r)
 
+    @property
+    def changes_model(self) -> bool:
+        """Whether the stage set a model setting (``--set model.autoencoder=...``): the next stage, fine-tuned from
+        it with the recipe's own, starts from a model of other settings (``--allow-config-change``)."""
+        return any(s.startswith("model.") for s in self.settings)
+
     def describe(self) -> str:
         return (f"{self.steps} iterations on {self.device}" + (f" in {self.precision}" if self.precision else "")
                 + (" with " + " ".join(f"`--set {s}`" for s in self.settings) if self.settings else "")
@@ -176,7 +182,8 @@ def _trained_from_runs(name: str, chain: list[Stage], recipes: str = "recipes") 
     else:
         trained = f"Trained for {chain[0].describe()}."
     outs = [f"runs/{name}-stage{k + 1}" for k in range(len(chain) - 1)] + [f"runs/{name}"]
-    reproduce = [stage.command(name, out, f"{outs[k - 1]}/model" if k else None, recipes=recipes)
+    reproduce = [stage.command(name, out, f"{outs[k - 1]}/model" if k else None, recipes=recipes,
+                               config_change=k > 0 and chain[k - 1].changes_model)
                  for k, (stage, out) in enumerate(zip(chain, outs, strict=True))]
     return steps, trained, reproduce
 
@@ -258,9 +265,11 @@ def data_text(t: FacesTable, attribute: str) -> str:
             f" with every face of {held} held out (of the autoencoder's data too); conditioned on"
             f" `{attribute}` ({values}). A noise-conditioned energy (docs/diffusion.md) over the autoencoder's"
             " standardised latents: sampled down a ladder of noise levels, then decoded to images once. It was made in"
-            f" three stages: the autoencoder ({trained_minutes():.0f} minutes of one thread, once for every"
-            f" {t.prefix} model; its card), the training images encoded once ({ENCODE_MINUTES} minutes of one thread,"
-            " kept in the cache for the next model), then the training below.")
+            f" stages: the autoencoder ({trained_minutes():.0f} minutes of one thread in all, once for every"
+            f" {t.prefix} model; its card gives each of its stages), the training images encoded once by each"
+            f" autoencoder a stage below trained over ({ENCODE_MINUTES} minutes of one thread each, kept in the cache"
+            " for the next model), then the training below; a stage that sets `model.autoencoder` trained over the"
+            " latents of that earlier autoencoder (`runs/ae/c4/model`: the first stage of `faces64-autoencoder`).")
 
 
 ENCODE_MINUTES = 4

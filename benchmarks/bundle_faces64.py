@@ -4,6 +4,12 @@ it was measured to keep.
     python -m benchmarks.bundle_faces64 autoencoder --run runs/ae/c4 --command "cebm train-autoencoder ..." \
         --device "2-core x86-64 CPU, one thread"
 
+    python -m benchmarks.bundle_faces64 autoencoder --run runs/ae/tuned --earlier runs/old64/faces64-autoencoder \
+        --command "cebm train-autoencoder ... --init faces64-autoencoder ..."
+
+bundles a run fine-tuned from an earlier autoencoder (``cebm train-autoencoder --init``), whose card's training
+facts are kept as the first stage (``--earlier``: a copy of that autoencoder's folder).
+
     python -m benchmarks.bundle_faces64 remeasure
 
 measures the bundled one again (its card's training facts kept) and writes what it measured for ``report``.
@@ -50,18 +56,29 @@ def trained_line(folder: Path) -> str:
 
 
 def trained_minutes(folder: Path = BUNDLED_DIR / NAME) -> float:
-    """The minutes an autoencoder trained for, as its card states them (the bundled one by default)."""
-    return float(re.search(r" in ([0-9.]+) minutes", trained_line(folder)).group(1))
+    """The minutes an autoencoder trained for, as its card states them (the bundled one by default), every stage
+    together."""
+    lines = [line for line in (folder / "README.md").read_text().splitlines() if line.startswith("Trained for")]
+    return sum(float(re.search(r" in ([0-9.]+) minutes", line).group(1)) for line in lines)
 
 
-def bundle_autoencoder(run: Path, command: str, device: str, n: int = 500) -> None:
+def _stage_lines(folder: Path) -> list[str]:
+    """An autoencoder card's account of each stage: its "Trained for" and "Trained on" lines, in order."""
+    return [line for line in (folder / "README.md").read_text().splitlines() if line.startswith("Trained ")]
+
+
+def bundle_autoencoder(run: Path, command: str, device: str, n: int = 500, earlier: Path | None = None) -> None:
     model = load_model(run / "model")
     full, half = measure_model(model, n), measure_model(rounded(model), n)
     use_half = half["agreement"] == full["agreement"] and abs(half["psnr"] - full["psnr"]) < 0.05
     model.config = dataclasses.replace(model.config, name=NAME)
     trained = trained_line(run / "model")
     agreement = ", ".join(f"{a} {v:.3f}" for a, v in full["agreement"].items())
+    before = [] if earlier is None else [
+        "Made in two stages; the first trained the autoencoder it was fine-tuned from:", "",
+        *(line for first in _stage_lines(earlier) for line in (first, "")), "Then:", ""]
     notes = "\n".join([
+        *before,
         trained.strip(),
         "",
         f"Trained on {device} with `{command}`.",
@@ -81,7 +98,8 @@ def bundle_autoencoder(run: Path, command: str, device: str, n: int = 500) -> No
     CARDS_DIR.mkdir(exist_ok=True)
     (CARDS_DIR / f"{NAME}.md").write_text(card)
     print(f"bundled {NAME} ({'float16' if use_half else 'float32'}): PSNR {full['psnr']:.2f} dB; {agreement}")
-    keep(full, n, trained_minutes(run / "model"), model.config.latent_channels, "float16" if use_half else "float32")
+    keep(full, n, trained_minutes(BUNDLED_DIR / NAME), model.config.latent_channels,
+         "float16" if use_half else "float32")
 
 
 def keep(measured: dict, n: int, minutes: float, latent_channels: int, stored: str) -> None:
@@ -153,6 +171,8 @@ def main() -> None:
     ae.add_argument("--command", required=True, help="the command that trained it, for the card")
     ae.add_argument("--device", default="a 2-core x86-64 CPU, one thread")
     ae.add_argument("--n", type=int, default=500)
+    ae.add_argument("--earlier", type=Path, default=None,
+                    help="the autoencoder the run was fine-tuned from (a folder with its card): its stage is kept")
     sub.add_parser("report", help="the faces64-latent section of docs/benchmarks.md")
     again = sub.add_parser("remeasure", help="measure the bundled autoencoder again, for report")
     again.add_argument("--n", type=int, default=500)
@@ -164,7 +184,7 @@ def main() -> None:
         remeasure(args.n)
     else:
         torch.set_num_threads(1)
-        bundle_autoencoder(args.run, args.command, args.device, args.n)
+        bundle_autoencoder(args.run, args.command, args.device, args.n, args.earlier)
 
 
 if __name__ == "__main__":

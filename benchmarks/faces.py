@@ -20,7 +20,9 @@ row an interrupted shard measured, with the same samples, as each row draws from
 
 Reads ``MODELS/faces-<attribute>/model`` for smiling, glasses, hat and hair (or a bundled name, with ``--models
 bundled``), samples every row as a user does (``energy.sample(n, seed=...)`` with the models' own settings) and
-reads the samples with the faces classifier:
+reads the samples with the faces classifier and, beside it, with a second judge (``--judge``: another network,
+trained on renders of other seeds over random background colours, never used to choose a setting); every table
+gives both, and lists the rows whose joint accuracy the two read more than 0.05 apart:
 
 - alone: every value of every model: accuracy, the largest gap between the other attributes' mix and the data's
   under that value (beside what an exact sampler of the training split reads at as many samples: the gap's floor),
@@ -103,7 +105,8 @@ SHEET_SAMPLES = 8
 @dataclass(frozen=True)
 class FacesTable:
     """What one style's table measures: its models (``PREFIX-<attribute>``), their attributes and values, the three
-    composed, the held-out triple (from the base recipe), the classifier that reads the samples and the renders."""
+    composed, the held-out triple (from the base recipe), the classifier that reads the samples and the renders, and
+    the second judge that reads the samples beside it."""
 
     style: str
     prefix: str
@@ -111,6 +114,7 @@ class FacesTable:
     recipe: Path  # the base recipe: its held-out triple
     classifier: str
     composed: tuple[str, str, str]
+    judge: str = ""  # a second classifier, of another network and other renders, read beside the first
     note: str = ""  # what the table's gaps read beyond an exact sampler's, where measured
     alone_targets: str = ("every value >= 0.95, gaps <= 0.10, median FID ratio <= 3, worst <= 6, HF ratio <= 1.5")
     conjunction_targets: str = ("mean joint >= 0.95 / 0.92 for 2 / 3 attributes, worst >= 0.75, the held-out triple"
@@ -136,11 +140,11 @@ class FacesTable:
 
 TABLES = {
     "pixel-art": FacesTable("pixel-art", "faces", 16, ROOT / "recipes" / "faces-base.toml", "faces-classifier",
-                            ("smiling", "glasses", "hat"),
+                            ("smiling", "glasses", "hat"), "faces-judge",
                             ", and to every render 0.16-0.17 more in the `yes` rows of smiling, glasses and hat and"
                             " about 0.07 more in the hair rows, which the held-out triple shifts"),
     "lorelei": FacesTable("lorelei", "faces64", 64, ROOT / "recipes" / "latent" / "faces64-base.toml",
-                          "faces64-classifier", ("smiling", "glasses", "beard"),
+                          "faces64-classifier", ("smiling", "glasses", "beard"), "faces64-judge",
                           alone_targets="every value >= 0.97, median FID ratio <= 3, worst <= 6",
                           conjunction_targets="mean joint >= 0.95 / 0.92 for 2 / 3 attributes, the held-out triple"
                                               " >= 0.90",
@@ -207,14 +211,14 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
             scales: dict[str, float] | None = None, ladder: dict[str, int] | None = None,
             data_read: dict[str, torch.Tensor] | None = None,
             intervals: dict[str, tuple[float, float]] | None = None,
-            device: str = "cpu", t: FacesTable = PIXEL_ART) -> tuple[dict, torch.Tensor]:
+            device: str = "cpu", t: FacesTable = PIXEL_ART, judge=None) -> tuple[dict, torch.Tensor]:
     """One row: its scores and its first samples (for the sheets). ``scales`` (attribute -> guidance scale) replaces
     the models' own guidance scales in a guided row, a model drawn guided on its own included, and ``intervals``
     (attribute -> the noise levels ``(lo, hi)`` a scale applies at) their guidance intervals; ``ladder``
     (``levels``, ``steps``, ``first_steps``) the models' noise ladder's number of levels, transitions at each and
     transitions before the descent. With ``data_read`` (the classifier's readings of ``data``) an alone row also
     gets its gap's floor at ``n`` (`row_gap_floor`). The models sample on ``device``; the classifier reads their
-    samples on the CPU."""
+    samples on the CPU, and ``judge`` (a second classifier) beside it: ``row["judge"]``."""
 
     energy = parse_expression(job["expression"], model_loader(models_dir, device))
     given = scales or intervals
@@ -232,6 +236,10 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
     row.update({k: job[k] for k in ("arity", "target", "held_out") if k in job})
     row["joint"] = float(hits.all(dim=0).float().mean())
     row["per_attribute"] = {a: float(h.float().mean()) for a, h in zip(job["want"], hits, strict=True)}
+    if judge is not None:
+        judged = _hits(judge.predict(samples), job["want"], t)
+        row["judge"] = {"joint": float(judged.all(dim=0).float().mean()),
+                        "per_attribute": {a: float(h.float().mean()) for a, h in zip(job["want"], judged, strict=True)}}
     real_pool = fresh.images[_matching(fresh.labels, job["want"], t)].float() / 255
     reference = data.images[_matching(data.labels, job["want"], t)][:500].float() / 255
     real = floor_sets(real_pool, n)
@@ -293,6 +301,37 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+JUDGES_APART = 0.05
+"""Rows whose joint accuracy the classifier and the second judge read further apart than this are listed."""
+
+
+def judged(rows: list[dict]) -> bool:
+    """Whether every row was read by the second judge too."""
+    return bool(rows) and all("judge" in r for r in rows)
+
+
+def row_name(r: dict) -> str:
+    """A row as a table names it: ``smiling=yes alone``, ``guided smiling=yes + glasses=no``."""
+    want = " + ".join(f"{a}={'|'.join(v)}" for a, v in r["want"].items())
+    return f"{want} alone" if r["kind"] == "alone" else f"{r['form']} {want}"
+
+
+def judges_sentence(rows: list[dict], t: FacesTable = PIXEL_ART) -> str:
+    """Both judges over the table: each one's mean over the rows, and every row the two read more than
+    `JUDGES_APART` apart (empty where the rows were read by one judge)."""
+    if not judged(rows):
+        return ""
+    apart = sorted((r for r in rows if abs(r["joint"] - r["judge"]["joint"]) > JUDGES_APART),
+                   key=lambda r: -abs(r["joint"] - r["judge"]["joint"]))
+    listed = ("; ".join(f"{row_name(r)} {r['joint']:.3f} / {r['judge']['joint']:.3f}" for r in apart)
+              if apart else "none")
+    second, first = _mean([r["judge"]["joint"] for r in rows]), _mean([r["joint"] for r in rows])
+    return (f"**Two judges.** {t.judge} (another network, trained on renders of other seeds over random background"
+            f" colours; nothing here was chosen by it) reads the table's {len(rows)} rows {second:.3f} on average"
+            f" against {first:.3f} by {t.classifier}. Rows the two read more than {JUDGES_APART} apart"
+            f" ({t.classifier} / {t.judge}): {listed}.")
+
+
 def _median_p95(values: torch.Tensor) -> str:
     return f"{float(values.median()):.2f} / {float(values.quantile(0.95)):.2f}"
 
@@ -316,15 +355,17 @@ def alone_table(rows: list[dict], model_column: bool = True, t: FacesTable = PIX
     head = "| model " if model_column else ""
     floors = all("gap_floor" in r for r in rows)
     repeats = _repeats(rows)
-    lines = [f"{head}| value | accuracy | FID ratio |"
+    second = judged(rows)
+    lines = [f"{head}| value | accuracy |" + (" second judge |" if second else "") + " FID ratio |"
              + (f" FID ratio over {repeats} seeds: mean (range) |" if repeats > 1 else "")
              + " HF ratio | largest gap (other attributes) to every render |"
              " to the training split |" + (" an exact sampler's (median / 95th percentile) |" if floors else ""),
-             "| --- " * (6 + model_column + floors + (repeats > 1)) + "|"]
+             "| --- " * (6 + model_column + floors + (repeats > 1) + second) + "|"]
     for r in rows:
         (a, (v,)), = r["want"].items()
         gaps = [max(r[key].items(), key=lambda item: item[1]) for key in ("gaps", "gaps_training")]
-        lines.append((f"| {t.prefix}-{a} " if model_column else "") + f"| {v} | {r['joint']:.3f} | {r['fid_ratio']:.1f} |"
+        lines.append((f"| {t.prefix}-{a} " if model_column else "") + f"| {v} | {r['joint']:.3f} |"
+                     + (f" {r['judge']['joint']:.3f} |" if second else "") + f" {r['fid_ratio']:.1f} |"
                      + (f" {_mean_range(r['fid_ratio_repeats'][:repeats])} |" if repeats > 1 else "")
                      + f" {r['hf_ratio']:.2f} |" + "".join(f" {b} {gap:.2f} |" for b, gap in gaps)
                      + (f" {_median_p95(torch.tensor(r['gap_floor']))} |" if floors else ""))
@@ -374,6 +415,7 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
     """The docs section and its contact sheets; ``options``: the command's settings beyond the models' own."""
     images = ROOT / "docs" / "images"
     alone = [r for r in rows if r["kind"] == "alone"]
+    second = judged(rows)
     _sheet(alone, samples, fresh, images / f"{t.prefix}-{label}-alone.png", t)
     fid = sorted(r["fid_ratio"] for r in alone)
     style = "" if t is PIXEL_ART else f" --style {t.style}"
@@ -404,33 +446,41 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
               + ", ".join(f"{a} {'/'.join(v)}" for a, v in t.values.items()) + ".", "",
               f"**Every conjunction** of {', '.join(t.composed[:-1])} and {t.composed[-1]}, every value (targets:"
               f" {t.conjunction_targets}):", "",
-              "| form | attributes | composites | mean joint | worst | median FID ratio | median HF ratio |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+              "| form | attributes | composites | mean joint | worst |"
+              + (" second judge: mean / worst |" if second else "") + " median FID ratio | median HF ratio |",
+              "| --- " * (7 + second) + "|"]
     for form in FORMS:
         for arity in (2, 3):
             group = [r for r in rows if r["kind"] == "conjunction" and r["form"] == form and r["arity"] == arity]
             worst = min(group, key=lambda r: r["joint"])
             lines.append(f"| {form} | {arity} | {len(group)} | {_mean([r['joint'] for r in group]):.3f} |"
                          f" {worst['joint']:.3f} ({', '.join(f'{a}={v}' for a, v in worst['target'].items())}) |"
-                         f" {statistics.median(r['fid_ratio'] for r in group):.1f} |"
+                         + (f" {_mean([r['judge']['joint'] for r in group]):.3f} /"
+                            f" {min(r['judge']['joint'] for r in group):.3f} |" if second else "")
+                         + f" {statistics.median(r['fid_ratio'] for r in group):.1f} |"
                          f" {statistics.median(r['hf_ratio'] for r in group):.2f} |")
     held = {r["form"]: r for r in rows if r.get("held_out")}
     lines += ["", f"The held-out triple `{triple}` (no model saw a face with all three): "
-              + "; ".join(f"{form} joint {held[form]['joint']:.3f}, FID ratio {held[form]['fid_ratio']:.1f}"
-                          for form in FORMS if form in held) + ".", "",
-              "| composite | plain joint | guided joint | plain FID ratio | guided FID ratio |",
-              "| --- | --- | --- | --- | --- |"]
+              + "; ".join(f"{form} joint {held[form]['joint']:.3f}"
+                          + (f" ({held[form]['judge']['joint']:.3f} by {t.judge})" if second else "")
+                          + f", FID ratio {held[form]['fid_ratio']:.1f}" for form in FORMS if form in held) + ".", "",
+              "| composite | plain joint | guided joint |" + (" guided, second judge |" if second else "")
+              + " plain FID ratio | guided FID ratio |",
+              "| --- " * (5 + second) + "|"]
     conj = [r for r in rows if r["kind"] == "conjunction"]
     for target in [r["target"] for r in conj if r["form"] == "plain"]:
         pair = {r["form"]: r for r in conj if r["target"] == target}
         name = " + ".join(f"{a}={v}" for a, v in target.items()) + (" (held out)" if target == t.held_out else "")
         lines.append(f"| {name} | {pair['plain']['joint']:.3f} | {pair['guided']['joint']:.3f} |"
-                     f" {pair['plain']['fid_ratio']:.1f} | {pair['guided']['fid_ratio']:.1f} |")
+                     + (f" {pair['guided']['judge']['joint']:.3f} |" if second else "")
+                     + f" {pair['plain']['fid_ratio']:.1f} | {pair['guided']['fid_ratio']:.1f} |")
     guided = [r for r in conj if r["form"] == "guided"]
     _sheet(guided, samples, fresh, images / f"{t.prefix}-{label}-guided.png", t)
     lines += ["", f"![guided {t.prefix} composites, {label}](images/{t.prefix}-{label}-guided.png)", "",
               "Guided composites (left) beside renders of the same combination (right), in the table's order; the"
               f" held-out triple is the last row. Negation, OR, weights and temperature: \"{t.algebra}\"."]
+    if second:
+        lines += ["", judges_sentence(rows, t)]
     return "\n".join(lines)
 
 
@@ -452,19 +502,28 @@ def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: 
     """The short section of a screen over the guided conjunctions."""
     flags, given = given_settings(ladder, scales, intervals)
     flags = _table_flags(t, attributes) + flags
+    second = judged(rows)
     lines = [f"## {t.prefix.capitalize()} guidance screen ({label})", "",
              f"`python -m benchmarks.faces --models {models}{device_flag(device)} --only guided{flags} --n {n}"
              f" --label {label}` on {machine()}, {spent(minutes, device)}"
              + (f" ({' and '.join(given)} instead of the models' own)" if given
                 else " (the models' own guidance scales)") + ":", "",
-             "| attributes | composites | mean joint | worst | median FID ratio | held-out triple joint | its FID ratio |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| attributes | composites | mean joint | worst |" + (" second judge: mean / worst |" if second else "")
+             + " median FID ratio | held-out triple joint |" + (" by the second judge |" if second else "")
+             + " its FID ratio |",
+             "| --- " * (7 + 2 * second) + "|"]
     for arity in (2, 3):
         group = [r for r in rows if r["kind"] == "conjunction" and r["arity"] == arity]
         held = [r for r in group if r["held_out"]]
         lines.append(f"| {arity} | {len(group)} | {_mean([r['joint'] for r in group]):.3f} |"
-                     f" {min(r['joint'] for r in group):.3f} | {statistics.median(r['fid_ratio'] for r in group):.1f} |"
-                     + (f" {held[0]['joint']:.3f} | {held[0]['fid_ratio']:.1f} |" if held else " - | - |"))
+                     f" {min(r['joint'] for r in group):.3f} |"
+                     + (f" {_mean([r['judge']['joint'] for r in group]):.3f} /"
+                        f" {min(r['judge']['joint'] for r in group):.3f} |" if second else "")
+                     + f" {statistics.median(r['fid_ratio'] for r in group):.1f} |"
+                     + (f" {held[0]['joint']:.3f} |" + (f" {held[0]['judge']['joint']:.3f} |" if second else "")
+                        + f" {held[0]['fid_ratio']:.1f} |" if held else " - |" * (2 + second)))
+    if second:
+        lines += ["", judges_sentence(rows, t)]
     return "\n".join(lines)
 
 
@@ -494,6 +553,8 @@ def sampler_report(rows: list[dict], label: str, n: int, minutes: float, models:
              f" {fid[-1]:.1f}); accuracy mean {_mean([r['joint'] for r in rows]):.3f} (worst"
              f" {min(r['joint'] for r in rows):.3f}); {largest_gaps(rows)}." + repeats_sentence(rows), "",
              *alone_table(rows, t=t)]
+    if judged(rows):
+        lines += ["", judges_sentence(rows, t)]
     return "\n".join(lines)
 
 
@@ -607,6 +668,9 @@ def main() -> None:
                         help="which faces: the 16-px pixel-art models (faces-*) or the 64-px lorelei ones (faces64-*)")
     parser.add_argument("--models", default="bundled", help="'bundled', or a folder of PREFIX-<attribute>/model runs")
     parser.add_argument("--classifier", default=None, help="a folder or a bundled name (default: the style's)")
+    parser.add_argument("--judge", default=None,
+                        help="the second judge that reads every row beside the classifier: a folder or a bundled name"
+                             " (default: the style's); 'none' for the classifier alone")
     parser.add_argument("--n", type=int, default=64, help="samples per row")
     parser.add_argument("--label", default="bundled")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "faces-table")
@@ -643,6 +707,7 @@ def main() -> None:
     args = parser.parse_args()
     t = TABLES[args.style]
     args.classifier = args.classifier or t.classifier
+    args.judge = args.judge or t.judge
     if args.gap_floor:
         start = time.perf_counter()
         if args.threads:
@@ -689,10 +754,12 @@ def main() -> None:
     shard = (int(index), int(count))
     start = time.perf_counter()
     classifier = load(args.classifier)
+    judge = None if args.judge == "none" else load(args.judge)
     data = t.renders(20000, seed=0)  # the training renders, held-out faces included: the reference set
     data_read = classifier.predict(data.images.float() / 255)  # for the gaps' floor
     table, tensors = _paths(args.out, args.label, shard, t)
-    settings = {"models": args.models, "classifier": args.classifier, "n": args.n, "scales": args.scales,
+    settings = {"models": args.models, "classifier": args.classifier, "judge": args.judge, "n": args.n,
+                "scales": args.scales,
                 "ladder": ladder, "only": args.only, **({"intervals": args.intervals} if args.intervals else {}),
                 **({"repeats": args.repeats} if args.repeats > 1 else {}),
                 **({"attributes": args.attributes} if args.attributes else {}),
@@ -703,7 +770,7 @@ def main() -> None:
         if job["index"] in done:
             continue
         row, first = measure(job, args.models, classifier, data, fresh, args.n, scales, ladder, data_read, intervals,
-                             args.device, t)
+                             args.device, t, judge)
         if args.repeats > 1:  # the same row from other seeds: its FID ratio's spread
             row["fid_ratio_repeats"] = [row["fid_ratio"]] + [
                 measure({**job, "index": job["index"] + k * REPEAT_SEED_STRIDE}, args.models, classifier, data, fresh,

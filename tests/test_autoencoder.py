@@ -117,3 +117,38 @@ def test_cebm_train_autoencoder_trains_and_refuses_a_bad_exclusion_in_one_line(t
     result = runner.invoke(app, [*args[:3], str(tmp_path / "other"), *args[4:], "--widths", "8,x"])
     assert result.exit_code == 2 and "--widths takes whole numbers" in result.output
     assert not Path(tmp_path / "other" / "checkpoint.pt").exists()
+
+
+def test_a_focus_fills_its_share_of_each_batch_and_init_fine_tunes_a_trained_autoencoder(tmp_path):
+    """``--focus`` draws ``--focus-share`` of every batch from the images of a combination; ``--init`` starts from a
+    trained autoencoder's weights (its network, whatever the defaults), and says so on the card."""
+    from composable_ebm.training.autoencoder import _batch
+
+    chosen = torch.tensor([3, 7])
+    training = AutoencoderTraining(batch_size=8, focus_share=0.5)
+    drawn = _batch(100, chosen, training, torch.Generator().manual_seed(0))
+    assert drawn.shape == (8,) and set(drawn[:4].tolist()) <= {3, 7}
+    assert _batch(100, None, AutoencoderTraining(batch_size=8), torch.Generator().manual_seed(0)).shape == (8,)
+
+    make_faces(tmp_path / "faces", n=48)
+    runner = CliRunner()
+    base = ["train-autoencoder", str(tmp_path / "faces"), "--size", "16", "--steps", "2", "--batch-size", "4",
+            "--held-out", "4"]
+    first = runner.invoke(app, [*base, "--out", str(tmp_path / "a"), "--latent-channels", "2", "--widths", "8,8,8"])
+    assert first.exit_code == 0, first.output
+    tuned = runner.invoke(app, [*base, "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a" / "model"),
+                                "--focus", "Hat=yes", "--focus-share", "0.5", "--lr", "1e-4"])
+    assert tuned.exit_code == 0, tuned.output
+    before, after = load_model(tmp_path / "a" / "model"), load_model(tmp_path / "b" / "model")
+    assert after.config.widths == (8, 8, 8) and after.config.latent_channels == 2  # the init's network
+    moved = (after.decoder[-1].weight - before.decoder[-1].weight).detach().abs().max()
+    assert 0 < float(moved) < 0.01  # two small steps from its weights, not a fresh network
+    card = (tmp_path / "b" / "model" / "README.md").read_text()
+    assert f"from the weights of `{tmp_path / 'a' / 'model'}`, 50% of each batch drawn from the" in card
+    assert "focus: Hat=yes" in card
+    for extra, line in ((["--init", str(tmp_path / "a" / "model"), "--widths", "8,16,16"], "its network is not"),
+                        (["--focus", "Hat=yes"], "give both (--focus and --focus-share) or neither"),
+                        (["--focus", "Mood=happy", "--focus-share", "0.5"], "Mood")):
+        result = runner.invoke(app, [*base, "--out", str(tmp_path / "c"), *extra])
+        assert result.exit_code == 2 and line in result.output and "Traceback" not in result.output, result.output
+        assert not (tmp_path / "c" / "checkpoint.pt").exists()

@@ -23,7 +23,9 @@ ATTRIBUTE_MODELS = {"shapes-shape": "shape", "shapes-color": "color", "shapes-si
                     "mnist-slant": "slant", "faces64-smiling": "smiling", "faces64-glasses": "glasses",
                     "faces64-beard": "beard", "faces64-hair": "hair"}
 CLASSIFIERS = {"shapes-classifier": set(SHAPES_ATTRIBUTES), "faces-classifier": set(FACES_ATTRIBUTES),
-               "mnist-classifier": {"digit"}, "faces64-classifier": {"smiling", "glasses", "beard", "hair"}}
+               "mnist-classifier": {"digit"}, "faces64-classifier": {"smiling", "glasses", "beard", "hair"},
+               "faces-judge": set(FACES_ATTRIBUTES),  # the faces tables' second judges too
+               "faces64-judge": {"smiling", "glasses", "beard", "hair"}}
 AUTOENCODERS = {"faces64-autoencoder": (3, 64, 64)}  # name -> the images it encodes
 INPUT_SHAPES = {"shapes": (3, 16, 16), "faces": (3, 16, 16), "mnist": (1, 28, 28),
                 "faces64": (3, 64, 64)}  # by the name's family
@@ -186,6 +188,22 @@ def test_bundled_faces_classifier_reads_fresh_renders(monkeypatch, tmp_path):
     pred = classifier.predict(data.images.float() / 255)
     for attribute, labels in data.labels.items():
         assert float((pred[attribute] == labels).float().mean()) >= 0.98, attribute
+
+
+@pytest.mark.models
+@needs_node
+@pytest.mark.parametrize("background", ["fixed", "random"])
+def test_a_second_judge_reads_fresh_renders_over_any_background_with_another_network(background, monkeypatch,
+                                                                                     tmp_path):
+    monkeypatch.setenv("CEBM_CACHE", str(tmp_path))  # renders here, not into the user's cache
+    for name, first, size, style in (("faces-judge", "faces-classifier", 16, "pixel-art"),
+                                     ("faces64-judge", "faces64-classifier", 64, "lorelei")):
+        judge = cebm.load(name)
+        assert judge.config.architecture == "residual" != cebm.load(first).config.architecture
+        data = faces(400, seed=11, size=size, style=style, background=background)
+        pred = judge.predict(data.images.float() / 255)
+        for attribute, labels in data.labels.items():
+            assert float((pred[attribute] == labels).float().mean()) >= 0.97, (name, attribute)
 
 
 @pytest.mark.models

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -433,6 +434,35 @@ def test_the_faces_tables_guidance_intervals_parse_or_are_refused_in_one_line():
             _intervals(bad)
 
 
+def test_faces_tables_give_both_judges_and_list_the_rows_they_read_apart():
+    from benchmarks.faces import JUDGES_APART, alone_table, judges_sentence, screen_report
+
+    def alone(value: str, first: float, second: float | None) -> dict:
+        r = {"kind": "alone", "want": {"hat": [value]}, "joint": first, "fid_ratio": 3.0, "hf_ratio": 0.9,
+             "gaps": {"hair": 0.3}, "gaps_training": {"hair": 0.2}}
+        return r if second is None else {**r, "judge": {"joint": second, "per_attribute": {"hat": second}}}
+
+    def triple(first: float, second: float, held: bool) -> dict:
+        return {"kind": "conjunction", "arity": 3, "form": "guided", "held_out": held, "fid_ratio": 2.0,
+                "want": {"smiling": ["yes"], "glasses": ["yes"], "hat": ["yes"]}, "joint": first,
+                "judge": {"joint": second}}
+
+    rows = [alone("no", 1.0, 0.98), alone("yes", 0.95, 0.80)]
+    lines = alone_table(rows)
+    assert "| accuracy | second judge |" in lines[0] and lines[3].startswith("| faces-hat | yes | 0.950 | 0.800 |")
+    assert len({line.count("|") for line in lines}) == 1
+    guided = [triple(0.9, 0.9 - JUDGES_APART / 2, False), triple(0.9, 0.8, True)]
+    text = judges_sentence(rows + guided)
+    assert "hat=yes alone 0.950 / 0.800; guided smiling=yes + glasses=yes + hat=yes 0.900 / 0.800." in text
+    assert "hat=no alone" not in text and "faces-judge" in text  # within 0.05: not listed
+    assert "none." in judges_sentence([alone("no", 1.0, 0.99)])
+    assert judges_sentence([alone("no", 1.0, None)]) == ""  # read by one judge: nothing to compare
+    assert all(line.count("|") == 8 for line in alone_table([alone("no", 1.0, None)]))
+    screen = screen_report([{**g, "arity": a} for a, g in zip((2, 3), guided)], "x", 8, 1.0, "bundled", None)
+    table = [line for line in screen.splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in table}) == 1 and "| 0.900 | 0.800 | 2.0 |" in table[-1]
+
+
 def test_every_faces_report_names_the_settings_its_run_was_given_in_its_command():
     from benchmarks.faces import given_settings, sampler_report, screen_report
 
@@ -554,6 +584,33 @@ def test_a_flatten_classifier_reads_where_a_feature_is_and_round_trips(tmp_path)
                                                               classifier.predict(images[384:])["side"])
     with pytest.raises(InvalidInputError, match="pooling must be one of mean, flatten, got 'max'"):
         ClassifierConfig(name="x", attributes={"side": ("left", "right")}, pooling="max")
+
+
+def test_a_residual_classifier_learns_what_a_plain_one_does_and_round_trips(tmp_path):
+    """``architecture = "residual"`` (a second judge's network): another body, the same heads and features; it learns
+    a colour told apart by the mean over positions, the config round-trips, and an unknown one is one line."""
+    from composable_ebm.errors import InvalidInputError
+    from composable_ebm.evaluation.classifier import AttributeClassifier, ClassifierConfig, train_classifier
+
+    g = torch.Generator().manual_seed(1)
+    red = torch.randint(2, (384,), generator=g)
+    images = torch.rand(384, 3, 16, 16, generator=g) * 0.5
+    images[:, 0] += 0.4 * red.view(-1, 1, 1)  # the red ones are redder everywhere
+    config = ClassifierConfig(name="reds", image_size=16, width=8, attributes={"red": ("no", "yes")},
+                              architecture="residual")
+    torch.manual_seed(0)
+    classifier = AttributeClassifier(config)
+    plain = AttributeClassifier(dataclasses.replace(config, architecture="plain"))
+    assert {type(m).__name__ for m in classifier.body.modules()} != {type(m).__name__ for m in plain.body.modules()}
+    assert classifier.features(images[:2]).shape == (2, classifier.feature_dim)
+    train_classifier(classifier, images[:256], {"red": red[:256]}, steps=80, batch_size=32, seed=0)
+    assert float((classifier.predict(images[256:])["red"] == red[256:]).float().mean()) > 0.95
+    save_model(classifier, tmp_path / "reds")
+    again = load_model(tmp_path / "reds")
+    assert again.config.architecture == "residual"
+    assert torch.equal(again.predict(images[256:])["red"], classifier.predict(images[256:])["red"])
+    with pytest.raises(InvalidInputError, match="architecture must be one of plain, residual, got 'vit'"):
+        ClassifierConfig(name="x", attributes={"red": ("no", "yes")}, architecture="vit")
 
 
 def test_the_faces_table_of_each_style_covers_its_models_values_and_its_held_out_triple():

@@ -121,6 +121,26 @@ def test_lorelei_faces_at_64_px_carry_four_balanced_attributes_and_the_same_seed
     assert lower[beard].mean() < lower[~beard].mean() - 20  # a beard darkens the white chin
 
 
+@needs_node
+def test_random_backgrounds_draw_the_same_faces_over_another_colour_each(cache, tmp_path):
+    result = runner.invoke(app, ["data", "faces", "--background", "random", "--out", str(tmp_path / "r"), "-n", "12",
+                                 "--seed", "5"])
+    assert result.exit_code == 0, result.output
+    fixed = faces(12, seed=5, size=16)
+    drawn = faces(12, seed=5, size=16, background="random")
+    assert all(torch.equal(fixed.labels[a], drawn.labels[a]) for a in fixed.labels)  # the same faces
+    corner = lambda data: data.images[:, :, 0, 0]  # noqa: E731  (the background shows at every corner)
+    assert (corner(fixed) == corner(fixed)[0]).all()  # one colour behind every fixed face
+    assert len({tuple(c.tolist()) for c in corner(drawn)}) >= 10  # a colour per face
+    face = fixed.images[:, :, 6:10, 6:10].float()  # the middle of each face is drawn the same over either
+    assert (face - drawn.images[:, :, 6:10, 6:10].float()).abs().mean() < 2
+    again = faces(12, seed=5, size=16, background="random")
+    assert torch.equal(again.images, drawn.images)
+    bad = runner.invoke(app, ["data", "faces", "--background", "blue", "--out", str(tmp_path / "b"), "-n", "4"])
+    assert bad.exit_code == 2 and "unknown background 'blue'; valid choices: fixed, random" in bad.output
+    assert not (tmp_path / "b").exists()
+
+
 def test_an_unknown_faces_style_is_one_line_naming_the_styles(tmp_path):
     with pytest.raises(InvalidInputError, match="unknown faces style 'cartoon'; valid choices: pixel-art, lorelei"):
         FacesData(style="cartoon")

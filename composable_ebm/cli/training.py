@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -92,6 +92,9 @@ def data_command(
     style: Annotated[Optional[str], typer.Option(
         help="How the faces are drawn: pixel-art (16 px designs; smiling, glasses, hat, hair) or lorelei (line art"
              " for 64 px; smiling, glasses, beard, hair). Faces only.")] = None,
+    background: Annotated[Optional[str], typer.Option(
+        help="What is behind each face: fixed (one flat colour) or random (a flat colour drawn per face; the same"
+             " faces). Faces only.")] = None,
 ) -> None:
     """Write a drawn dataset as an image folder with a CelebA-format attribute table (the folder dataset reads it).
 
@@ -103,7 +106,8 @@ def data_command(
     from composable_ebm.data import DATASETS
 
     cls = DATASETS.get(name, "cebm data: ")
-    given = {k: v for k, v in {"n": n, "seed": seed, "size": size, "style": style}.items() if v is not None}
+    given = {k: v for k, v in {"n": n, "seed": seed, "size": size, "style": style, "background": background}.items()
+             if v is not None}
     config = config_from_dict(cls, given)
     typer.echo(f"wrote {config.render(out)}")
 
@@ -123,6 +127,13 @@ def train_classifier_command(
     pooling: Annotated[str, typer.Option(
         help="What the heads read of the last feature map: mean (over positions) or flatten (the whole map: for"
              " aligned images whose attributes are small and in one place, such as faces at 64 px).")] = "mean",
+    architecture: Annotated[str, typer.Option(
+        help="The network: plain (conv, group norm, SiLU, average pool) or residual (residual blocks, ReLU,"
+             " stride-2 convs): a second judge of another network misses other samples.")] = "plain",
+    width: Annotated[int, typer.Option(min=8, help="Channels of the first stage (a multiple of 8), doubled at each"
+                                       " further one.")] = 32,
+    name: Annotated[Optional[str], typer.Option(help="The classifier's name (default: FOLDER's name + -classifier).")]
+        = None,
     device: DeviceOpt = None,
     overwrite: OverwriteOpt = False,
 ) -> None:
@@ -134,7 +145,8 @@ def train_classifier_command(
     from composable_ebm.evaluation.classifier import fit_folder_classifier
 
     result = fit_folder_classifier(folder, out, attributes or None, attribute_file, size, steps, held_out, seed,
-                                   _device(device), overwrite=overwrite, pooling=pooling)
+                                   _device(device), overwrite=overwrite, pooling=pooling,
+                                   architecture=architecture, width=width, name=name)
     for attr, acc in result.accuracy.items():
         typer.echo(f"{attr}: {acc:.3f} read right on {result.held_out} held-out images")
     typer.echo(f"wrote {result.folder}")
@@ -145,11 +157,13 @@ def train_autoencoder_command(
     folder: Annotated[Path, typer.Argument(help="An image folder with a CelebA-format attribute table.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run folder: checkpoint.pt, then model/.")],
     size: Annotated[int, typer.Option(min=8, help="Image side it encodes.")] = 64,
-    latent_channels: Annotated[int, typer.Option(min=1, help="Channels of a latent.")] = 4,
-    widths: Annotated[str, typer.Option(
-        help="Channels at each resolution, full first; each further width halves the side (three widths: f4).")]
-        = "32,48,64",
-    blocks: Annotated[int, typer.Option(min=0, help="Residual blocks at each resolution.")] = 1,
+    latent_channels: Annotated[Optional[int], typer.Option(
+        min=1, help="Channels of a latent (default 4, or --init's).")] = None,
+    widths: Annotated[Optional[str], typer.Option(
+        help="Channels at each resolution, full first; each further width halves the side (three widths: f4;"
+             " default 32,48,64, or --init's).")] = None,
+    blocks: Annotated[Optional[int], typer.Option(
+        min=0, help="Residual blocks at each resolution (default 1, or --init's).")] = None,
     steps: Annotated[int, typer.Option(min=1, help="Training steps (Adam, cosine decay); a resumed run may change them"
                                        " (a count it has reached finishes it at once).")] = 6000,
     batch_size: Annotated[int, typer.Option(min=1)] = 32,
@@ -163,6 +177,14 @@ def train_autoencoder_command(
     exclude: Annotated[list[str], typer.Option(
         help="attr=value,attr=value: a combination whose images are left out (repeatable), e.g. the held-out one.")]
         = [],  # noqa: B006
+    focus: Annotated[list[str], typer.Option(
+        help="attr=value,attr=value: a combination whose images --focus-share of each batch is drawn from"
+             " (repeatable: any of them), e.g. where the autoencoder's worst cell is.")] = [],  # noqa: B006
+    focus_share: Annotated[float, typer.Option(min=0.0, max=1.0, help="The share of each batch drawn from --focus.")]
+        = 0.0,
+    init: Annotated[Optional[str], typer.Option(
+        help="An autoencoder (bundled name or folder) whose weights the run starts from, to fine-tune it; the"
+             " network is its own. Latent models of the old latents are trained again over the new ones.")] = None,
     held_out: Annotated[int, typer.Option(min=0, help="Images kept aside to measure the PSNR.")] = 500,
     checkpoint_every: Annotated[int, typer.Option(min=1)] = 100,
     max_minutes: Annotated[Optional[float], typer.Option(
@@ -174,26 +196,62 @@ def train_autoencoder_command(
 
     \b
     Example: cebm train-autoencoder data/faces --out runs/faces-autoencoder --size 16 --exclude Smiling=yes,Hat=yes
+             cebm train-autoencoder data/faces --out runs/ae-tuned --size 16 --init runs/faces-autoencoder/model
+             --focus Hat=yes --focus-share 0.5 --steps 500 --lr 3e-4
     """
-    from composable_ebm.data.folder import attribute_folder
-    from composable_ebm.nets.autoencoder import AutoencoderConfig
     from composable_ebm.training.autoencoder import AutoencoderTraining, fit_autoencoder
 
+    config, start = _autoencoder_config(folder, size, init, latent_channels, widths, blocks)
+    training = AutoencoderTraining(steps=steps, batch_size=batch_size, lr=lr, edge_weight=edge_weight,
+                                   worst_weight=worst_weight, worst_share=worst_share, focus_share=focus_share,
+                                   held_out=held_out, checkpoint_every=checkpoint_every, seed=seed)
+    images, chosen, source = _autoencoder_images(folder, size, exclude, focus)
+    fit_autoencoder(images, out, config, training, source, max_minutes, _device(device), echo=typer.echo,
+                    focus=chosen, init=None if start is None else (start, init))
+
+
+def _autoencoder_config(folder: Path, size: int, init: str | None, latent_channels: int | None, widths: str | None,
+                        blocks: int | None) -> tuple[Any, Any]:
+    """``cebm train-autoencoder``'s network, and the autoencoder ``--init`` names (None without one): its network
+    unless an option says otherwise, or the defaults."""
+    import dataclasses
+
+    from composable_ebm.models import load_model
+    from composable_ebm.nets.autoencoder import Autoencoder, AutoencoderConfig
+
     try:
-        parsed = tuple(int(w) for w in widths.split(","))
+        parsed = None if widths is None else tuple(int(w) for w in widths.split(","))
     except ValueError:
         raise InvalidInputError(f"--widths takes whole numbers separated by commas (e.g. 32,48,64), got {widths!r}")
-    config = AutoencoderConfig(name=f"{folder.name}-autoencoder", image_size=size, latent_channels=latent_channels,
-                               widths=parsed, blocks=blocks)
-    training = AutoencoderTraining(steps=steps, batch_size=batch_size, lr=lr, edge_weight=edge_weight,
-                                   worst_weight=worst_weight, worst_share=worst_share,
-                                   held_out=held_out, checkpoint_every=checkpoint_every, seed=seed)
+    given = {"latent_channels": latent_channels, "widths": parsed, "blocks": blocks}
+    if init is None:
+        defaults = AutoencoderConfig(name=f"{folder.name}-autoencoder", image_size=size)
+        return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None}), None
+    start = load_model(init)
+    if not isinstance(start, Autoencoder):
+        raise InvalidInputError(f"--init {init} is a {type(start).__name__}, not an autoencoder; name one"
+                                " (cebm train-autoencoder makes them)")
+    config = dataclasses.replace(start.config, name=f"{folder.name}-autoencoder", image_size=size,
+                                 **{k: v for k, v in given.items() if v is not None})
+    return config, start
+
+
+def _autoencoder_images(folder: Path, size: int, exclude: list[str], focus: list[str]) -> tuple[Any, Any, str]:
+    """The folder's images without the ``--exclude`` combinations, which of them are in a ``--focus`` one (None
+    without), and what they are, for the card."""
+    from composable_ebm.data.base import combination_mask
+    from composable_ebm.data.folder import attribute_folder
+
     left_out = [_parse_bindings([e]) for e in exclude]
     data = attribute_folder(folder, image_size=size)
     try:
-        images = data.without(left_out).images if left_out else data.images
+        kept = data.without(left_out) if left_out else data
+        chosen = (combination_mask(kept.labels, kept.attributes, [_parse_bindings([f]) for f in focus]) if focus
+                  else None)
     except ValueError as err:
-        raise InvalidInputError(f"--exclude: {err}") from err
+        raise InvalidInputError(f"--exclude or --focus: {err}") from err
     source = f"`{folder.name}`" + (f" without {'; '.join(', '.join(f'{a}={v}' for a, v in c.items()) for c in left_out)}"
                                    if left_out else "")
-    fit_autoencoder(images, out, config, training, source, max_minutes, _device(device), echo=typer.echo)
+    if focus:
+        source += f"; focus: {' or '.join(focus)}"
+    return kept.images, chosen, source

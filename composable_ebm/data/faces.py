@@ -16,7 +16,10 @@ attributes. Two styles (`STYLES`):
   it); head, eyes, eyebrows, nose, earrings, freckles, which mouth, glasses and beard, and the hairstyle (45 of 48,
   the nearly bald ones left out) are DiceBear's own draw.
 
-The same ``n``, ``seed``, ``size`` and ``style`` give the same bytes.
+Each face is drawn over one flat background colour (``background="fixed"``); ``"random"`` draws each face's colour
+from a second stream of the seed, so the faces are those of the fixed background, over other colours (what a judge
+that must not read the background trains on). The same ``n``, ``seed``, ``size``, ``style`` and ``background`` give
+the same bytes.
 """
 
 from __future__ import annotations
@@ -69,6 +72,16 @@ GENERATOR = STYLES["pixel-art"].generator
 """What to say in cards and docs about where the default style's faces come from."""
 
 
+BACKGROUNDS = ("fixed", "random")
+"""`render_faces` backgrounds: one flat colour for every face, or a flat colour drawn per face."""
+
+
+def _check_background(background: str, where: str) -> str:
+    if background not in BACKGROUNDS:
+        raise InvalidInputError(f"{where}: unknown background {background!r}; valid choices: {', '.join(BACKGROUNDS)}")
+    return background
+
+
 def _check_style(style: str, where: str) -> FacesStyle:
     if style not in STYLES:
         raise InvalidInputError(f"{where}: unknown faces style {style!r}; valid choices: {', '.join(STYLES)}")
@@ -94,15 +107,16 @@ def _renderer() -> Path:
 
 
 def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, style: str = "pixel-art",
-                 shared: bool = False) -> Path:
-    """Render ``n`` faces of ``style`` (`STYLES`) into the folder ``out`` (written beside it and moved into place
-    whole); returns it.
+                 background: str = "fixed", shared: bool = False) -> Path:
+    """Render ``n`` faces of ``style`` (`STYLES`) over ``background`` (`BACKGROUNDS`) into the folder ``out``
+    (written beside it and moved into place whole); returns it.
 
     ``shared``: ``out`` is a cache folder other processes may render at the same time; where one of them moves its
     folder into place first, that one is kept (the same arguments render the same bytes)."""
     for name, value, low, high in (("n", n, 1, 1 << 24), ("seed", seed, 0, 2**31 - 1), ("size", size, 8, 512)):
         check_size("render_faces", name, value, low=low, high=high)
     _check_style(style, "render_faces")
+    _check_background(background, "render_faces")
     out = Path(out)
     if out.exists():
         raise InvalidInputError(f"{out} exists; render faces into a new folder (or remove it)")
@@ -117,7 +131,8 @@ def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, styl
         limit = RENDER_SECONDS[0] + RENDER_SECONDS[1] * n
         try:
             done = subprocess.run([shutil.which("node") or "node", str(home / "render.mjs"), "--out", str(staging),
-                                   "--n", str(n), "--seed", str(seed), "--size", str(size), "--style", style],
+                                   "--n", str(n), "--seed", str(seed), "--size", str(size), "--style", style,
+                                   "--background", background],
                                   capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired:
             raise RunFailure(f"rendering {n:,} faces did not finish in {limit:,.0f} s (the bound for that many);"
@@ -139,21 +154,24 @@ def render_faces(out: str | Path, n: int, seed: int = 0, size: int = 16, *, styl
     return out
 
 
-def faces_folder(n: int, seed: int = 0, size: int = 16, style: str = "pixel-art") -> Path:
-    """The rendered folder of ``n`` faces of ``style`` from ``seed`` at ``size``, rendered into the cache the first
-    time."""
+def faces_folder(n: int, seed: int = 0, size: int = 16, style: str = "pixel-art", background: str = "fixed") -> Path:
+    """The rendered folder of ``n`` faces of ``style`` from ``seed`` at ``size`` over ``background``, rendered into
+    the cache the first time."""
     _check_style(style, "faces_folder")
-    tag = "" if style == "pixel-art" else f"-{style}"  # the default style's folders keep their names
-    folder = cache_root() / f"faces-{renderer_digest()}{tag}-n{n}-seed{seed}-size{size}"
+    _check_background(background, "faces_folder")
+    tag = ("" if style == "pixel-art" else f"-{style}") + ("" if background == "fixed" else f"-{background}")
+    folder = cache_root() / f"faces-{renderer_digest()}{tag}-n{n}-seed{seed}-size{size}"  # the defaults add no tag
     if not (folder / "list_attr_celeba.txt").is_file():
-        render_faces(folder, n, seed, size, style=style, shared=True)
+        render_faces(folder, n, seed, size, style=style, background=background, shared=True)
     return folder
 
 
 def faces(n: int, seed: int = 0, size: int = 16, holdout: Sequence[Mapping[str, str]] = (),
-          style: str = "pixel-art") -> ImageDataset:
-    """``n`` rendered faces of ``style`` with their four attributes, the ``holdout`` combinations left out."""
-    data = attribute_folder(faces_folder(n, seed, size, style), image_size=size, channels=3, holdout=holdout,
+          style: str = "pixel-art", background: str = "fixed") -> ImageDataset:
+    """``n`` rendered faces of ``style`` over ``background`` with their four attributes, the ``holdout``
+    combinations left out."""
+    data = attribute_folder(faces_folder(n, seed, size, style, background), image_size=size, channels=3,
+                            holdout=holdout,
                             values=_check_style(style, "faces").attributes)
     data.name = "faces"
     return data
@@ -175,6 +193,8 @@ class FacesData(DataConfig):
     style: str = "pixel-art"
     """DiceBear style (`STYLES`): ``pixel-art`` (smiling, glasses, hat, hair) or ``lorelei`` (smiling, glasses,
     beard, hair)"""
+    background: str = "fixed"
+    """``fixed`` (one flat colour behind every face) or ``random`` (a flat colour drawn per face)"""
 
     def __post_init__(self) -> None:
         check_size("FacesData", "n", self.n, high=1 << 24)
@@ -183,13 +203,14 @@ class FacesData(DataConfig):
         from composable_ebm.data.base import check_holdout
 
         check_holdout(self.holdout, _check_style(self.style, "FacesData.style").attributes, "FacesData")
+        _check_background(self.background, "FacesData.background")
 
     def build(self, base: Path | None = None) -> ImageDataset:
-        return faces(self.n, self.seed, self.size, self.holdout, self.style)
+        return faces(self.n, self.seed, self.size, self.holdout, self.style, self.background)
 
     def render(self, out: Path) -> Path:
         """Render the faces into ``out`` (every face: a held-out combination is a training choice, not the data's)."""
-        return render_faces(out, self.n, self.seed, self.size, style=self.style)
+        return render_faces(out, self.n, self.seed, self.size, style=self.style, background=self.background)
 
     def describe(self, base: Path | None = None) -> tuple[dict[str, tuple[str, ...]], tuple[int, ...]]:
         return dict(STYLES[self.style].attributes), (3, self.size, self.size)

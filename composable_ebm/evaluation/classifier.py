@@ -28,6 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover; the data layer is only named in annotatio
 
 POOLINGS = ("mean", "flatten")
 """`ClassifierConfig.pooling` choices."""
+ARCHITECTURES = ("plain", "residual")
+"""`ClassifierConfig.architecture` choices."""
 
 
 @dataclass(frozen=True)
@@ -48,23 +50,63 @@ class ClassifierConfig(JSONConfig):
     """what the heads read of the last feature map: ``mean``, its mean over positions (where a feature fires does
     not count), or ``flatten``, the whole map (where counts: for aligned images, such as faces, whose attributes are
     small and in one place, a mouth's curve at 64 px)"""
+    architecture: str = "plain"
+    """``plain``: three stages of two convs with group norm and SiLU, each ending in a 2x average pool; ``residual``:
+    a stem conv, then three stages of a pre-activation residual block (one-group norm, ReLU) ending in a stride-2 conv
+    (another network, for a second judge whose mistakes are not the first's)"""
 
     def __post_init__(self) -> None:
         check_size("ClassifierConfig", "image_size", self.image_size, low=8, high=MAX_IMAGE_SIZE)
         check_size("ClassifierConfig", "in_channels", self.in_channels, high=64)
-        check_size("ClassifierConfig", "width", self.width, low=8, high=MAX_WIDTH // 4)
+        widest = 8 if self.architecture == "residual" else 4  # the last stage's channels, in widths
+        check_size("ClassifierConfig", "width", self.width, low=8, high=MAX_WIDTH // widest)
         if self.width % 8:
             raise InvalidInputError(f"ClassifierConfig.width must be a multiple of 8 (group norm), got {self.width}")
         check_attributes("ClassifierConfig", self.attributes)
         if self.pooling not in POOLINGS:
             raise InvalidInputError(f"ClassifierConfig.pooling must be one of {', '.join(POOLINGS)}, got"
                                     f" {self.pooling!r}")
+        if self.architecture not in ARCHITECTURES:
+            raise InvalidInputError(f"ClassifierConfig.architecture must be one of {', '.join(ARCHITECTURES)}, got"
+                                    f" {self.architecture!r}")
+
+
+class _Residual(nn.Module):
+    """``x + conv(relu(norm(conv(relu(norm(x))))))``: a pre-activation residual block (each norm over the whole of
+    an image's channels and positions)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Sequential(nn.GroupNorm(1, channels), nn.ReLU(), nn.Conv2d(channels, channels, 3, padding=1),
+                                  nn.GroupNorm(1, channels), nn.ReLU(), nn.Conv2d(channels, channels, 3, padding=1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.conv(x)
+
+
+def _body(config: ClassifierConfig) -> tuple[nn.Sequential, int]:
+    """The convolutional stages of ``config.architecture`` (each halves the side) and their output channels."""
+    layers: list[nn.Module] = []
+    cin, w = config.in_channels, config.width
+    if config.architecture == "residual":
+        layers.append(nn.Conv2d(cin, w, 3, padding=1))
+        for _ in range(3):
+            layers += [_Residual(w), nn.GroupNorm(1, w), nn.ReLU(), nn.Conv2d(w, 2 * w, 3, stride=2, padding=1)]
+            w *= 2
+        return nn.Sequential(*layers, nn.ReLU()), w
+    for _ in range(3):
+        layers += [
+            nn.Conv2d(cin, w, 3, padding=1), nn.GroupNorm(8, w), nn.SiLU(),
+            nn.Conv2d(w, w, 3, padding=1), nn.GroupNorm(8, w), nn.SiLU(), nn.AvgPool2d(2),
+        ]
+        cin, w = w, 2 * w
+    return nn.Sequential(*layers), cin
 
 
 @register("attribute-classifier")
 class AttributeClassifier(Pretrained, nn.Module):
-    """Three conv stages (conv, group norm, SiLU, conv, 2x pool) -> global mean (or the whole last feature map:
-    ``pooling``) -> one linear head per attribute."""
+    """Three conv stages (``architecture``: conv, group norm, SiLU, conv, 2x pool; or residual) -> global mean (or
+    the whole last feature map: ``pooling``) -> one linear head per attribute."""
 
     config_class = ClassifierConfig
     hub_task = "image-classification"
@@ -74,15 +116,7 @@ class AttributeClassifier(Pretrained, nn.Module):
         if not config.attributes:
             raise ValueError("an attribute classifier needs at least one attribute")
         self.config = config
-        layers: list[nn.Module] = []
-        cin, w = config.in_channels, config.width
-        for _ in range(3):
-            layers += [
-                nn.Conv2d(cin, w, 3, padding=1), nn.GroupNorm(8, w), nn.SiLU(),
-                nn.Conv2d(w, w, 3, padding=1), nn.GroupNorm(8, w), nn.SiLU(), nn.AvgPool2d(2),
-            ]
-            cin, w = w, 2 * w
-        self.body = nn.Sequential(*layers)
+        self.body, cin = _body(config)
         read = cin if config.pooling == "mean" else cin * (config.image_size // 8) ** 2
         self.heads = nn.ModuleDict({a: nn.Linear(read, len(v)) for a, v in config.attributes.items()})
         self.feature_dim = cin
@@ -194,7 +228,7 @@ def compositional_accuracy(
 
 def fit_classifier(data: ImageDataset, name: str, held_out: float = 0.1, steps: int = 1500, seed: int = 0,
                    width: int = 32, device: torch.device | str = "cpu", pooling: str = "mean",
-                   ) -> tuple[AttributeClassifier, dict[str, float]]:
+                   architecture: str = "plain") -> tuple[AttributeClassifier, dict[str, float]]:
     """An `AttributeClassifier` of every attribute of ``data`` (an `ImageDataset`), trained on all
     but a share ``held_out`` of its images (drawn with ``seed``), and its accuracy per attribute on those (empty when
     none are kept aside)."""
@@ -203,7 +237,8 @@ def fit_classifier(data: ImageDataset, name: str, held_out: float = 0.1, steps: 
     aside = int(round(held_out * n))
     test, train = order[:aside], order[aside:]
     config = ClassifierConfig(name=name, image_size=data.images.shape[-1], in_channels=data.images.shape[1],
-                              width=width, attributes=dict(data.attributes), pooling=pooling)
+                              width=width, attributes=dict(data.attributes), pooling=pooling,
+                              architecture=architecture)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         classifier = AttributeClassifier(config).to(device)
@@ -228,6 +263,7 @@ def fit_folder_classifier(
     folder: str | Path, out: str | Path, attributes: list[str] | None = None,
     attribute_file: str = "list_attr_celeba.txt", size: int = 32, steps: int = 1500, held_out: float = 0.1,
     seed: int = 0, device: torch.device | str = "cpu", overwrite: bool = False, pooling: str = "mean",
+    architecture: str = "plain", width: int = 32, name: str | None = None,
 ) -> FolderClassifier:
     """Train an `AttributeClassifier` on an image folder's attributes (`composable_ebm.data.attribute_folder`) and
     save it to ``out``: the classifier `cebm eval compose` scores compositions of that folder's models with.
@@ -243,6 +279,8 @@ def fit_folder_classifier(
     folder, out = Path(folder), Path(out)
     if pooling not in POOLINGS:
         raise InvalidInputError(f"unknown pooling {pooling!r}; valid choices: {', '.join(POOLINGS)}")
+    if architecture not in ARCHITECTURES:
+        raise InvalidInputError(f"unknown architecture {architecture!r}; valid choices: {', '.join(ARCHITECTURES)}")
     if not overwrite:
         check_new_folder(out)
     data = attribute_folder(folder, attribute_file, image_size=size)
@@ -255,8 +293,9 @@ def fit_folder_classifier(
     aside = int(round(held_out * n))
     if n - aside < 2:
         raise InvalidInputError(f"{folder}: {n} images, too few to train a classifier (and keep {aside} aside)")
-    classifier, accuracy = fit_classifier(data, f"{folder.name}-classifier", held_out=held_out, steps=steps, seed=seed,
-                                          device=device, pooling=pooling)
+    classifier, accuracy = fit_classifier(data, name or f"{folder.name}-classifier", held_out=held_out, steps=steps,
+                                          seed=seed, width=width, device=device, pooling=pooling,
+                                          architecture=architecture)
     notes = (f"Trained for {steps} steps on {n - aside} images of `{folder.name}`; read right on {aside} held-out"
              " images: " + ", ".join(f"{a} {v:.3f}" for a, v in accuracy.items()) + ".") if aside else None
     save_model(classifier.cpu(), out, card=model_card(classifier, location=str(out), notes=notes), overwrite=overwrite)

@@ -7,6 +7,12 @@ errors are small and the differences large), and, weighted by ``worst_weight``, 
 reconstructed pixels. Adam at ``lr`` with a cosine decay over ``steps``. ``held_out`` of the
 images are kept aside to measure the reconstruction's PSNR.
 
+Two levers for what a trained autoencoder erases (``python -m benchmarks.autoencoder`` finds it: the worst cell of
+one attribute's value within another's): ``focus`` (a mask over the images, such as every bearded face, ``cebm
+train-autoencoder --focus beard=yes``) draws ``focus_share`` of each batch from those images, and ``init`` starts
+from a trained autoencoder's weights (``--init``), to fine-tune it on them. Fine-tuning changes the encoder too, so
+latent models trained over the old latents are trained again over the new ones.
+
 The run folder holds ``checkpoint.pt`` (weights, Adam, the generator, the step and the seconds spent, written every
 ``checkpoint_every`` steps and when stopped) and, once trained, ``model/`` with its standardised latents
 (`composable_ebm.nets.autoencoder.with_latent_statistics`) and a card. The same command resumes a stopped run; other
@@ -47,6 +53,8 @@ class AutoencoderTraining:
     """the share of each image's pixels ``worst_weight`` averages over"""
     held_out: int = 500
     """rows kept aside to measure the reconstruction's PSNR"""
+    focus_share: float = 0.0
+    """the share of each batch drawn from the ``focus`` images `fit_autoencoder` is given (the rest from all)"""
     checkpoint_every: int = 100
     seed: int = 0
 
@@ -61,6 +69,7 @@ class AutoencoderTraining:
         check_range(owner, "edge_weight", self.edge_weight, 0.0, 1e3)
         check_range(owner, "worst_weight", self.worst_weight, 0.0, 1e3)
         check_range(owner, "worst_share", self.worst_share, 0.0, 1.0, low_open=True)
+        check_range(owner, "focus_share", self.focus_share, 0.0, 1.0)
 
 
 @dataclass
@@ -97,27 +106,38 @@ def psnr(x_hat: Tensor, x: Tensor) -> float:
 def fit_autoencoder(images: Tensor, out: str | Path, config: AutoencoderConfig,
                     training: AutoencoderTraining = AutoencoderTraining(), source: str = "images",
                     max_minutes: float | None = None, device: torch.device | str = "cpu",
-                    echo: Callable[[str], None] | None = None) -> TrainedAutoencoder:
+                    echo: Callable[[str], None] | None = None, focus: Tensor | None = None,
+                    init: tuple[Autoencoder, str] | None = None) -> TrainedAutoencoder:
     """Train (or resume) an autoencoder on ``images`` (uint8 ``(N, C, H, W)``; ``source`` says what they are, for the
     card and the resume check) into the run folder ``out``; ``max_minutes`` stops it after the step in progress,
-    checkpointed."""
+    checkpointed. ``focus``: which images (bool ``(N,)``) ``training.focus_share`` of each batch is drawn from;
+    ``init``: an autoencoder of ``config``'s network and its name, whose weights the run starts from."""
     say = echo or (lambda line: None)
     out = Path(out)
-    train, held = _split(images, training)
+    if (focus is None) != (training.focus_share == 0):
+        raise InvalidInputError("a focus needs a share of each batch to draw from it, and a share needs a focus:"
+                                " give both (--focus and --focus-share) or neither")
+    train, held, chosen = _split(images, training, focus)
     with torch.random.fork_rng(devices=[]):  # the initial weights from the seed, the caller's generator untouched
         torch.manual_seed(training.seed)
         model = Autoencoder(config).to(device)
+    if init is not None:
+        _start_from(model, *init)
     optimizer = torch.optim.Adam(model.parameters(), lr=training.lr)
     generator = torch.Generator().manual_seed(training.seed)
     setup = {"config": config_to_dict(config), "training": config_to_dict(training), "source": source,
              "images": int(images.shape[0])}
+    if init is not None:
+        setup["init"] = init[1]
+    if chosen is not None:
+        setup["focus"] = int(chosen.numel())  # the training images in the focus
     step, spent = _resume(out, model, optimizer, generator, setup, say)
     deadline = time.monotonic() + 60 * max_minutes if max_minutes is not None else math.inf
     start = time.perf_counter()
     while step < training.steps and time.monotonic() < deadline:
         for group in optimizer.param_groups:  # cosine decay, a function of the step: a resumed run goes on as one
             group["lr"] = training.lr * 0.5 * (1 + math.cos(math.pi * step / training.steps))
-        x = train[torch.randint(train.shape[0], (training.batch_size,), generator=generator)].to(device).float() / 255
+        x = train[_batch(train.shape[0], chosen, training, generator)].to(device).float() / 255
         loss = reconstruction_loss(model(x), x, training.edge_weight, training.worst_weight, training.worst_share)
         if not torch.isfinite(loss):
             raise InvalidInputError(f"the autoencoder's loss is {float(loss)} at step {step + 1}; lower --lr")
@@ -133,16 +153,43 @@ def fit_autoencoder(images: Tensor, out: str | Path, config: AutoencoderConfig,
     if step < training.steps:
         say(f"stopped at step {step} of {training.steps} (--max-minutes); run the same command to resume")
         return TrainedAutoencoder(model, step, spent, None, True)
-    return _finish(model.eval(), train, held, out, step, spent, training, source, say)
+    return _finish(model.eval(), train, held, out, step, spent, training, source, say, setup)
 
 
-def _split(images: Tensor, training: AutoencoderTraining) -> tuple[Tensor, Tensor]:
-    """The training images and the ``held_out`` ones (at most a tenth), drawn with the seed."""
+def _start_from(model: Autoencoder, source: Autoencoder, name: str) -> None:
+    """``source``'s weights in ``model``: the same network (its latent constants are measured again at the end)."""
+    mine, theirs = config_to_dict(model.config), config_to_dict(source.config)
+    differ = [k for k in mine if k not in ("name", "latent_shift", "latent_scale") and mine[k] != theirs.get(k)]
+    if differ:
+        raise InvalidInputError(f"--init {name}: its network is not the one asked for ({differ[0]}"
+                                f" {theirs.get(differ[0])!r} against {mine[differ[0]]!r}); leave out the network"
+                                " options to take its own")
+    model.load_state_dict(source.state_dict())
+
+
+def _split(images: Tensor, training: AutoencoderTraining,
+           focus: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The training images, the ``held_out`` ones (at most a tenth), drawn with the seed, and the indices of the
+    training images in ``focus`` (None without one)."""
     order = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(training.seed))
     aside = min(training.held_out, images.shape[0] // 10)
     if images.shape[0] - aside < training.batch_size:
         raise InvalidInputError(f"{images.shape[0]} images to train on, fewer than a batch of {training.batch_size}")
-    return images[order[aside:]], images[order[:aside]]
+    chosen = None
+    if focus is not None:
+        chosen = focus[order[aside:]].nonzero().flatten()
+        if chosen.numel() == 0:
+            raise InvalidInputError("no training image is in the focus (--focus): name a combination the images have")
+    return images[order[aside:]], images[order[:aside]], chosen
+
+
+def _batch(n: int, chosen: Tensor | None, training: AutoencoderTraining, generator: torch.Generator) -> Tensor:
+    """One batch's indices into the training images: ``focus_share`` of them from ``chosen``, the rest from all."""
+    k = 0 if chosen is None else round(training.focus_share * training.batch_size)
+    rest = torch.randint(n, (training.batch_size - k,), generator=generator)
+    if not k:
+        return rest
+    return torch.cat([chosen[torch.randint(chosen.numel(), (k,), generator=generator)], rest])
 
 
 def _resume(out: Path, model: Autoencoder, optimizer: torch.optim.Optimizer, generator: torch.Generator,
@@ -193,7 +240,8 @@ def _checkpoint(out: Path, model: Autoencoder, optimizer: torch.optim.Optimizer,
 
 
 def _finish(model: Autoencoder, train: Tensor, held: Tensor, out: Path, step: int, spent: float,
-            training: AutoencoderTraining, source: str, say: Callable[[str], None]) -> TrainedAutoencoder:
+            training: AutoencoderTraining, source: str, say: Callable[[str], None],
+            setup: dict[str, Any]) -> TrainedAutoencoder:
     """Standardise the latents on (up to 2,000) training rows, measure the held-out PSNR, save ``out/model``."""
     from composable_ebm.model_cards import model_card
     from composable_ebm.models import save_model
@@ -205,9 +253,13 @@ def _finish(model: Autoencoder, train: Tensor, held: Tensor, out: Path, step: in
         with torch.no_grad():
             x = held.to(device).float() / 255
             quality = psnr(torch.cat([model.reconstruct(x[i:i + 256]) for i in range(0, x.shape[0], 256)]), x)
-    notes = (f"Trained for {step} steps of batch {training.batch_size} on {train.shape[0]:,} images ({source}) in"
-             f" {spent / 60:.1f} minutes" + (f"; reconstructs {held.shape[0]} held-out images at {quality:.1f} dB PSNR"
-                                             if quality is not None else "") + ".")
+    started = f", from the weights of `{setup['init']}`" if "init" in setup else ""
+    focused = (f", {training.focus_share:.0%} of each batch drawn from the {setup['focus']:,} of them in its focus"
+               if "focus" in setup else "")
+    notes = (f"Trained for {step} steps of batch {training.batch_size} on {train.shape[0]:,} images ({source}){started}"
+             f"{focused} in {spent / 60:.1f} minutes"
+             + (f"; reconstructs {held.shape[0]} held-out images at {quality:.1f} dB PSNR" if quality is not None
+                else "") + ".")
     save_model(model.cpu(), out / "model", card=model_card(model, location=str(out / "model"), notes=notes))
     say(f"trained {step} steps in {spent / 60:.1f} min" + (f"; held-out PSNR {quality:.1f} dB" if quality else "")
         + f"; model in {out / 'model'}")

@@ -1,9 +1,11 @@
 // Render DiceBear faces (designs CC0 1.0, code MIT) into a CelebA-format folder.
 //
-//   node render.mjs --out DIR --n N --seed S [--size 16] [--style pixel-art|lorelei]
+//   node render.mjs --out DIR --n N --seed S [--size 16] [--style pixel-art|lorelei] [--background fixed|random]
 //
 // Each face's attributes are drawn independently and balanced from a PRNG seeded with S; every other option is
-// DiceBear's own draw from the face's seed. The same arguments give the same bytes. Writes DIR/000000.png ... and
+// DiceBear's own draw from the face's seed. The same arguments give the same bytes. --background random draws each
+// face's flat background colour from a second PRNG of the seed: the same faces as the fixed background's, over
+// other colours. Writes DIR/000000.png ... and
 // DIR/list_attr_celeba.txt.
 //
 // pixel-art (16x16 designs): smiling (a happy or a sad mouth), glasses, hat (each present or absent), hair (one of
@@ -55,7 +57,7 @@ const STYLES = {
   'pixel-art': {
     columns: 'smiling glasses hat hair',
     hair: HAIR,
-    draw(random, seed, hairNames) {
+    draw(random, seed, hairNames, background) {
       const smiling = random() < 0.5;
       const glasses = random() < 0.5;
       const hat = random() < 0.5;
@@ -67,7 +69,7 @@ const STYLES = {
         hatProbability: hat ? 100 : 0,
         hairColor: HAIR[hair],
         ...(hat ? { hair: LONG_HAIR } : {}),
-        backgroundColor: [BACKGROUND],
+        backgroundColor: [background],
       }).toString();
       return { svg, row: [smiling, glasses, hat, hair], crisp: true };
     },
@@ -75,7 +77,7 @@ const STYLES = {
   lorelei: {
     columns: 'smiling glasses beard hair',
     hair: LORELEI_HAIR,
-    draw(random, seed, hairNames) {
+    draw(random, seed, hairNames, background) {
       const smiling = random() < 0.5;
       const glasses = random() < 0.5;
       const beard = random() < 0.5;
@@ -88,7 +90,7 @@ const STYLES = {
         hairColor: LORELEI_HAIR[hair],
         hair: LORELEI_HAIRSTYLES,
         hairAccessoriesProbability: 0,
-        backgroundColor: [BACKGROUND],
+        backgroundColor: [background],
       }).toString();
       return { svg, row: [smiling, glasses, beard, hair], crisp: false };
     },
@@ -96,15 +98,19 @@ const STYLES = {
 };
 
 function args(argv) {
-  const out = { size: 16, style: 'pixel-art' };
+  const out = { size: 16, style: 'pixel-art', background: 'fixed' };
   for (let i = 0; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '');
-    if (!['out', 'n', 'seed', 'size', 'style'].includes(key) || argv[i + 1] === undefined) {
+    if (!['out', 'n', 'seed', 'size', 'style', 'background'].includes(key) || argv[i + 1] === undefined) {
       console.error(`render.mjs: unknown or incomplete option ${argv[i]}; valid: --out DIR --n N --seed S [--size 16]`
-        + ' [--style pixel-art|lorelei]');
+        + ' [--style pixel-art|lorelei] [--background fixed|random]');
       process.exit(2);
     }
-    out[key] = ['out', 'style'].includes(key) ? argv[i + 1] : Number(argv[i + 1]);
+    out[key] = ['out', 'style', 'background'].includes(key) ? argv[i + 1] : Number(argv[i + 1]);
+  }
+  if (!['fixed', 'random'].includes(out.background)) {
+    console.error(`render.mjs: unknown --background ${out.background}; valid: fixed, random`);
+    process.exit(2);
   }
   if (!Object.hasOwn(STYLES, out.style)) {
     console.error(`render.mjs: unknown --style ${out.style}; valid: ${Object.keys(STYLES).join(', ')}`);
@@ -138,11 +144,14 @@ function prng(seed) {
 const opts = args(process.argv.slice(2));
 fs.mkdirSync(opts.out, { recursive: true });
 const random = prng(opts.seed);
+const backgrounds = prng(opts.seed ^ 0x5bd1e995); // its own stream: the faces are the fixed background's
 const style = STYLES[opts.style];
 const groups = Object.keys(style.hair);
 const rows = [];
 for (let i = 0; i < opts.n; i++) {
-  const { svg, row, crisp } = style.draw(random, `${opts.seed}-${i}`, groups);
+  const background = opts.background === 'fixed' ? BACKGROUND
+    : Math.floor(backgrounds() * 0x1000000).toString(16).padStart(6, '0');
+  const { svg, row, crisp } = style.draw(random, `${opts.seed}-${i}`, groups, background);
   // crisp: pixel-art's squares stay squares (no anti-aliasing); line art is anti-aliased
   const png = new Resvg(svg, { fitTo: { mode: 'width', value: opts.size }, shapeRendering: crisp ? 0 : 2 })
     .render().asPng();
