@@ -50,21 +50,22 @@ def rounded(model: torch.nn.Module) -> torch.nn.Module:
     return again
 
 
+def _card_lines(folder: Path, start: str) -> list[str]:
+    """The lines of an autoencoder's card that begin with ``start``, in order: "Trained for" gives each stage's own
+    account (steps, images, minutes, PSNR), "Trained " those and where and how each stage ran."""
+    return [line for line in (folder / "README.md").read_text().splitlines() if line.startswith(start)]
+
+
 def trained_line(folder: Path) -> str:
-    """An autoencoder's own account of its training, from its card: steps, images, minutes, PSNR."""
-    return next(line for line in (folder / "README.md").read_text().splitlines() if line.startswith("Trained for"))
+    """An autoencoder's own account of its (first) training, from its card: steps, images, minutes, PSNR."""
+    return _card_lines(folder, "Trained for")[0]
 
 
 def trained_minutes(folder: Path = BUNDLED_DIR / NAME) -> float:
     """The minutes an autoencoder trained for, as its card states them (the bundled one by default), every stage
     together."""
-    lines = [line for line in (folder / "README.md").read_text().splitlines() if line.startswith("Trained for")]
-    return sum(float(re.search(r" in ([0-9.]+) minutes", line).group(1)) for line in lines)
-
-
-def _stage_lines(folder: Path) -> list[str]:
-    """An autoencoder card's account of each stage: its "Trained for" and "Trained on" lines, in order."""
-    return [line for line in (folder / "README.md").read_text().splitlines() if line.startswith("Trained ")]
+    return sum(float(re.search(r" in ([0-9.]+) minutes", line).group(1))
+               for line in _card_lines(folder, "Trained for"))
 
 
 def bundle_autoencoder(run: Path, command: str, device: str, n: int = 500, earlier: Path | None = None) -> None:
@@ -76,7 +77,7 @@ def bundle_autoencoder(run: Path, command: str, device: str, n: int = 500, earli
     agreement = ", ".join(f"{a} {v:.3f}" for a, v in full["agreement"].items())
     before = [] if earlier is None else [
         "Made in two stages; the first trained the autoencoder it was fine-tuned from:", "",
-        *(line for first in _stage_lines(earlier) for line in (first, "")), "Then:", ""]
+        *(line for first in _card_lines(earlier, "Trained ") for line in (first, "")), "Then:", ""]
     notes = "\n".join([
         *before,
         trained.strip(),

@@ -27,6 +27,7 @@ from benchmarks.bundle import CARDS_DIR
 from benchmarks.faces import TABLES, FacesTable
 from composable_ebm.data import faces
 from composable_ebm.data.faces import STYLES
+from composable_ebm.evaluation.classifier import attribute_accuracy
 from composable_ebm.model_cards import model_card
 from composable_ebm.models import BUNDLED_DIR, load_model, save_model
 
@@ -37,8 +38,7 @@ MEASURED_ON = 2000
 def accuracies(classifier, t: FacesTable, background: str) -> dict[str, float]:
     """Per attribute, how often ``classifier`` reads `MEASURED_ON` fresh renders of ``t`` over ``background`` right."""
     data = faces(MEASURED_ON, seed=123, size=t.size, style=t.style, background=background)
-    read = classifier.predict(data.images.float() / 255)
-    return {a: float((read[a] == data.labels[a]).float().mean()) for a in data.labels}
+    return attribute_accuracy(classifier, data.images, data.labels)
 
 
 def card_notes(t: FacesTable, minutes: float, command: str, judge: dict[str, dict[str, float]],

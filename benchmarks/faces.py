@@ -188,6 +188,13 @@ def _hits(labels: dict[str, torch.Tensor], want: dict[str, list[str]], t: FacesT
                         for a, values in want.items()])
 
 
+def _scores(read: dict[str, torch.Tensor], want: dict[str, list[str]], t: FacesTable = PIXEL_ART) -> dict:
+    """A reading's ``joint`` accuracy (every attribute of ``want`` right at once) and ``per_attribute`` accuracy."""
+    hits = _hits(read, want, t)
+    return {"joint": float(hits.all(dim=0).float().mean()),
+            "per_attribute": {a: float(h.float().mean()) for a, h in zip(want, hits, strict=True)}}
+
+
 def _matching(labels: dict[str, torch.Tensor], want: dict[str, list[str]], t: FacesTable = PIXEL_ART) -> torch.Tensor:
     """Which images have every attribute of ``want`` at an accepted value, ``(N,)`` bool."""
     return _hits(labels, want, t).all(dim=0)
@@ -231,15 +238,11 @@ def measure(job: dict, models_dir: str, classifier, data, fresh, n: int,
                         [(intervals or {}).get(a, i) for a, i in zip(bound, energy.intervals, strict=True)])
     samples = energy.sample(n, seed=job["index"], form=job["form"], **(ladder or {})).cpu()
     read = classifier.predict(samples)
-    hits = _hits(read, job["want"], t)
     row = {k: job[k] for k in ("index", "kind", "form", "expression", "want") if k in job}
     row.update({k: job[k] for k in ("arity", "target", "held_out") if k in job})
-    row["joint"] = float(hits.all(dim=0).float().mean())
-    row["per_attribute"] = {a: float(h.float().mean()) for a, h in zip(job["want"], hits, strict=True)}
+    row.update(_scores(read, job["want"], t))
     if judge is not None:
-        judged = _hits(judge.predict(samples), job["want"], t)
-        row["judge"] = {"joint": float(judged.all(dim=0).float().mean()),
-                        "per_attribute": {a: float(h.float().mean()) for a, h in zip(job["want"], judged, strict=True)}}
+        row["judge"] = _scores(judge.predict(samples), job["want"], t)
     real_pool = fresh.images[_matching(fresh.labels, job["want"], t)].float() / 255
     reference = data.images[_matching(data.labels, job["want"], t)][:500].float() / 255
     real = floor_sets(real_pool, n)
@@ -314,6 +317,11 @@ def row_name(r: dict) -> str:
     """A row as a table names it: ``smiling=yes alone``, ``guided smiling=yes + glasses=no``."""
     want = " + ".join(f"{a}={'|'.join(v)}" for a, v in r["want"].items())
     return f"{want} alone" if r["kind"] == "alone" else f"{r['form']} {want}"
+
+
+def _judge_cell(group: list[dict]) -> str:
+    """A table cell: the second judge's mean and worst joint accuracy over ``group``."""
+    return f" {_mean([r['judge']['joint'] for r in group]):.3f} / {min(r['judge']['joint'] for r in group):.3f} |"
 
 
 def judges_sentence(rows: list[dict], t: FacesTable = PIXEL_ART) -> str:
@@ -455,8 +463,7 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], fresh, label: str
             worst = min(group, key=lambda r: r["joint"])
             lines.append(f"| {form} | {arity} | {len(group)} | {_mean([r['joint'] for r in group]):.3f} |"
                          f" {worst['joint']:.3f} ({', '.join(f'{a}={v}' for a, v in worst['target'].items())}) |"
-                         + (f" {_mean([r['judge']['joint'] for r in group]):.3f} /"
-                            f" {min(r['judge']['joint'] for r in group):.3f} |" if second else "")
+                         + (_judge_cell(group) if second else "")
                          + f" {statistics.median(r['fid_ratio'] for r in group):.1f} |"
                          f" {statistics.median(r['hf_ratio'] for r in group):.2f} |")
     held = {r["form"]: r for r in rows if r.get("held_out")}
@@ -517,8 +524,7 @@ def screen_report(rows: list[dict], label: str, n: int, minutes: float, models: 
         held = [r for r in group if r["held_out"]]
         lines.append(f"| {arity} | {len(group)} | {_mean([r['joint'] for r in group]):.3f} |"
                      f" {min(r['joint'] for r in group):.3f} |"
-                     + (f" {_mean([r['judge']['joint'] for r in group]):.3f} /"
-                        f" {min(r['judge']['joint'] for r in group):.3f} |" if second else "")
+                     + (_judge_cell(group) if second else "")
                      + f" {statistics.median(r['fid_ratio'] for r in group):.1f} |"
                      + (f" {held[0]['joint']:.3f} |" + (f" {held[0]['judge']['joint']:.3f} |" if second else "")
                         + f" {held[0]['fid_ratio']:.1f} |" if held else " - |" * (2 + second)))

@@ -223,15 +223,13 @@ def _autoencoder_config(folder: Path, size: int, init: str | None, latent_channe
         parsed = None if widths is None else tuple(int(w) for w in widths.split(","))
     except ValueError:
         raise InvalidInputError(f"--widths takes whole numbers separated by commas (e.g. 32,48,64), got {widths!r}")
-    given = {"latent_channels": latent_channels, "widths": parsed, "blocks": blocks}
-    if init is None:
-        defaults = AutoencoderConfig(name=f"{folder.name}-autoencoder", image_size=size)
-        return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None}), None
-    start = load_model(init)
-    if not isinstance(start, Autoencoder):
+    start = None if init is None else load_model(init)
+    if start is not None and not isinstance(start, Autoencoder):
         raise InvalidInputError(f"--init {init} is a {type(start).__name__}, not an autoencoder; name one"
                                 " (cebm train-autoencoder makes them)")
-    config = dataclasses.replace(start.config, name=f"{folder.name}-autoencoder", image_size=size,
+    given = {"latent_channels": latent_channels, "widths": parsed, "blocks": blocks}
+    config = dataclasses.replace(AutoencoderConfig() if start is None else start.config,
+                                 name=f"{folder.name}-autoencoder", image_size=size,
                                  **{k: v for k, v in given.items() if v is not None})
     return config, start
 
