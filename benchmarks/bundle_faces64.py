@@ -14,6 +14,12 @@ facts are kept as the first stage (``--earlier``: a copy of that autoencoder's f
 
 measures the bundled one again (its card's training facts kept) and writes what it measured for ``report``.
 
+    python -m benchmarks.bundle_faces64 alone --models runs/exp/base --attribute smiling --key base \
+        --about "faces64-smiling from the unconditional base"
+
+draws one latent model alone (``MODELS/faces64-<attribute>/model``: another way to train it, such as from a shared
+unconditional base or by contrastive divergence) for ``report``, beside the bundled ones.
+
 Measures the run's ``model/`` on 500 fresh lorelei renders (`benchmarks.autoencoder.measure`: PSNR and how often
 faces64-classifier reads each attribute of a reconstruction as it reads the render, the ceiling of every latent
 model's accuracy), in float32 and with its weights rounded to float16. The bundled weights are float16 when the
@@ -37,6 +43,7 @@ from benchmarks.bundle import CARDS_DIR
 from benchmarks.faces64 import RESULTS
 from composable_ebm.model_cards import model_card
 from composable_ebm.models import BUNDLED_DIR, load_model, save_model
+from composable_ebm.training import read_log
 
 NAME = "faces64-autoencoder"
 
@@ -120,6 +127,58 @@ def remeasure(n: int = 500) -> None:
     print(json.dumps(measured))
 
 
+def alone(models: Path, attribute: str, key: str, about: str, n: int = 64) -> dict:
+    """Draw ``MODELS/faces64-ATTRIBUTE/model`` alone, every value, as the faces table draws a model alone
+    (`benchmarks.faces.measure`: its rows and seeds, both judges, FID ratio against fresh renders of the value), and
+    keep the rows with what the model is (``about``) and its training minutes (its run's log, and its card's earlier
+    stages) for `report`: ``alone-KEY.json``."""
+    from benchmarks.faces import TABLES, jobs, measure
+    from composable_ebm import load
+
+    t = TABLES["lorelei"]
+    classifier, judge = load(t.classifier), load(t.judge)
+    data, fresh = t.renders(20000, seed=0), t.renders(4000, seed=1)
+    run = models / f"{t.prefix}-{attribute}"
+    rows = [measure(job, str(models), classifier, data, fresh, n, t=t, judge=judge)[0]
+            for job in jobs(t) if job["kind"] == "alone" and set(job["want"]) == {attribute}]
+    step, seconds = 0, 0.0  # each sitting's measured seconds per step over its steps
+    for record in read_log(run / "log.jsonl"):
+        if record.get("event") == "measured":
+            seconds += record["seconds_per_step"] * (record["step"] - step)
+            step = record["step"]
+    kept = {"about": about, "n": n, "attribute": attribute, "minutes": seconds / 60, "steps": step,
+            "rows": [{"value": r["want"][attribute][0], "accuracy": r["joint"], "judge": r["judge"]["joint"],
+                      "fid_ratio": r["fid_ratio"]} for r in rows]}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"alone-{key}.json").write_text(json.dumps(kept, indent=1))
+    print(json.dumps(kept))
+    alone_report()
+    return kept
+
+
+def alone_report() -> None:
+    """The ``faces64-alone`` section of docs/benchmarks.md: every model `alone` drew (``alone-*.json``), in the
+    order of their keys."""
+    lines = ["## Faces at 64 px over latents: other ways to train a model", "",
+             "`python -m benchmarks.bundle_faces64 alone` on " + machine() + ": each value of the model's attribute"
+             " drawn as the faces table draws a model alone (64 samples, its own sampling settings), read by"
+             " faces64-classifier / faces64-judge; FID ratio as in the table. The bundled faces64-smiling (4,000"
+             " steps from its recipe's initialisation over the first autoencoder's latents, then 1,000 over these;"
+             " about 50 CPU-minutes) is the table's first two rows (\"Faces64"
+             " models (bundled)\").", ""]
+    ways: dict[str, list[dict]] = {}  # one line per way, its runs in the order of their keys
+    for path in sorted(RESULTS.glob("alone-*.json")):
+        kept = json.loads(path.read_text())
+        ways.setdefault(kept["about"], []).append(kept)
+    for about, runs in ways.items():
+        lines.append(f"- {about}: " + "; ".join(
+            f"{kept['steps']} steps ({kept['minutes']:.0f} CPU-minutes) " + ", ".join(
+                f"{kept['attribute']}={r['value']} {r['accuracy']:.3f} / {r['judge']:.3f}, FID ratio"
+                f" {r['fid_ratio']:.1f}" for r in kept["rows"]) for kept in runs) + ".")
+    short = "\n".join(lines[:2] + [" ".join(line.removeprefix("- ") for line in lines[2:] if line)])
+    write_section("faces64-alone", "\n".join(lines), short=short)
+
+
 def report() -> None:
     """The ``faces64-latent`` section of docs/benchmarks.md from what was measured: the autoencoder
     (``autoencoder.json``, written when it is bundled), the sentence's seconds (``python -m benchmarks.faces64 speed
@@ -175,11 +234,20 @@ def main() -> None:
     ae.add_argument("--earlier", type=Path, default=None,
                     help="the autoencoder the run was fine-tuned from (a folder with its card): its stage is kept")
     sub.add_parser("report", help="the faces64-latent section of docs/benchmarks.md")
+    drawn = sub.add_parser("alone", help="draw one latent model alone, every value, for report")
+    drawn.add_argument("--models", type=Path, required=True, help="a folder of faces64-<attribute>/ runs")
+    drawn.add_argument("--attribute", required=True)
+    drawn.add_argument("--key", required=True, help="its name in report's order (alone-KEY.json)")
+    drawn.add_argument("--about", required=True, help="what the model is, for report")
+    drawn.add_argument("--n", type=int, default=64)
     again = sub.add_parser("remeasure", help="measure the bundled autoencoder again, for report")
     again.add_argument("--n", type=int, default=500)
     args = parser.parse_args()
     if args.what == "report":
         report()
+    elif args.what == "alone":
+        torch.set_num_threads(1)
+        alone(args.models, args.attribute, args.key, args.about, args.n)
     elif args.what == "remeasure":
         torch.set_num_threads(1)
         remeasure(args.n)

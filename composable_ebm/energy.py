@@ -106,6 +106,11 @@ class Energy(nn.Module):
     ``exp(-E)`` itself: `composable_ebm.pipeline.UNDECLARED`). Algebra nodes declare none: a composite's settings
     come from its parts."""
 
+    condition_weights: tuple[str, ...] = ()
+    """Prefixes of the names of the weights that read only the condition, and that at zero leave the energy its
+    unconditional one (a conditional U-Net's ``embed_condition.``). A fine-tune from a model without attributes
+    (an unconditional base, ``cebm train --init``) starts them at zero, so it starts as the base's energy."""
+
     latent_space: Any = None
     """The autoencoder whose latents this energy is over (`composable_ebm.latent.LatentSpace`, given when its model is
     loaded); None for an energy over pixels or points. The pipeline decodes a latent energy's samples with it. A

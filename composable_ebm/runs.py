@@ -69,12 +69,22 @@ def _start_from(trainer: Any, source: str | Path, allow_config_change: bool = Fa
     The weights must fit the recipe's network key for key and shape for shape. Its config must be the recipe's
     too (the name aside), unless ``allow_config_change``: then a setting that leaves the weights' shapes as
     they are may differ (a new input transform fine-tuned from trained weights), and the differences are
-    returned, ``["field: theirs against ours", ...]``."""
+    returned, ``["field: theirs against ours", ...]``. With it, a model without attributes (an unconditional
+    base) may start a conditional network too: the weights that read only the condition
+    (`Energy.condition_weights`) start at zero, so the run starts as the base's energy."""
     from composable_ebm.configs import config_to_dict
     from composable_ebm.models import load_model
 
     model = load_model(source)
     weights, own = model.state_dict(), trainer.energy.state_dict()
+    if not getattr(model, "attributes", None):  # an unconditional base: the condition's weights start at zero
+        prefixes = tuple(trainer.energy.condition_weights)
+        zeros = {k: torch.zeros_like(v) for k, v in own.items() if k not in weights and k.startswith(prefixes)}
+        if zeros and not allow_config_change:
+            raise InvalidInputError(f"--init {source} has no attributes (an unconditional base) and the recipe's "
+                                    "network has: start from it with --allow-config-change (the weights that read "
+                                    "the condition start at zero)")
+        weights.update(zeros)
     differ = sorted(set(weights) ^ set(own)) or [k for k in own if weights[k].shape != own[k].shape]
     changed: list[str] = []
     if not differ and hasattr(model, "config") and hasattr(trainer.energy, "config"):

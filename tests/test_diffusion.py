@@ -26,7 +26,7 @@ from composable_ebm.pipeline import plan
 from composable_ebm.pipeline import sample as pipeline_sample
 from composable_ebm.sampling import LadderConfig, SamplerConfig, SamplingDefaults, sample
 from composable_ebm.training import DenoisingConfig, Trainer, TrainerConfig
-from composable_ebm.training.denoising import DenoisingObjective, edm_weights
+from composable_ebm.training.denoising import DenoisingObjective, LevelDistribution, edm_weights
 from tests.test_energy import randomize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -468,11 +468,31 @@ def test_the_edm_weighting_grows_with_the_level_and_averages_one_over_the_levels
     low, high, sigma_data = 0.01, 1.0, 0.3
     u = torch.rand(200_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     sigma = torch.exp(math.log(low) + u * (math.log(high) - math.log(low)))  # as DenoisingObjective draws them
-    weights = edm_weights(sigma, sigma_data, low, high)
+    weights = edm_weights(sigma, sigma_data, LevelDistribution(low, high))
     assert abs(float(weights.mean()) - 1) < 0.01
-    ends = edm_weights(torch.tensor([low, high]), sigma_data, low, high)
+    ends = edm_weights(torch.tensor([low, high]), sigma_data, LevelDistribution(low, high))
     assert float(ends[1] / ends[0]) == pytest.approx((1 + high**2 / sigma_data**2) / (1 + low**2 / sigma_data**2))
-    assert float(edm_weights(torch.tensor([0.5]), 0.5, 0.5, 0.5)) == pytest.approx(1.0)  # one level: weight 1
+    one = LevelDistribution(0.5, 0.5)
+    assert float(edm_weights(torch.tensor([0.5]), 0.5, one)) == pytest.approx(1.0)  # one level: weight 1
+
+
+def test_log_normal_levels_follow_the_truncated_normal_of_ln_sigma_and_the_edm_weights_average_one():
+    """Karras et al. 2022's training levels: ln sigma ~ N(mean, std) within the model's range, drawn exactly (the
+    truncated normal's mean and spread), with the edm weights' mean still 1 under them."""
+    low, high, mean, std = 0.002, 10.0, -1.2, 1.2
+    levels = LevelDistribution(low, high, "log-normal", mean, std)
+    sigma = levels.draw(200_000, torch.Generator().manual_seed(0), torch.device("cpu"), torch.float32)
+    assert float(sigma.min()) >= low * (1 - 1e-6) and float(sigma.max()) <= high * (1 + 1e-6)
+    reference = torch.randn(2_000_000, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * std + mean
+    reference = reference[(reference >= math.log(low)) & (reference <= math.log(high))]  # rejection: the truth
+    assert abs(float(sigma.log().mean()) - float(reference.mean())) < 0.01
+    assert abs(float(sigma.log().std()) - float(reference.std())) < 0.01
+    uniform = LevelDistribution(low, high).draw(200_000, torch.Generator().manual_seed(0), torch.device("cpu"),
+                                                torch.float32)
+    assert abs(float(uniform.log().mean()) - (math.log(low) + math.log(high)) / 2) < 0.02
+    assert abs(float(edm_weights(sigma.double(), 0.5, levels).mean()) - 1) < 0.02
+    with pytest.raises(InvalidInputError, match="put almost no level within the model's noise range"):
+        LevelDistribution(0.01, 0.02, "log-normal", 10.0, 0.5)
 
 
 def test_the_edm_weighted_loss_weighs_each_items_squared_error_by_its_level():
@@ -491,7 +511,7 @@ def test_the_edm_weighted_loss_weighs_each_items_squared_error_by_its_level():
     noised = (x + sigma.view(-1, 1, 1, 1) * z).requires_grad_(True)
     (grad,) = torch.autograd.grad(model(noised, sigma=sigma).sum(), noised)
     error = (sigma.view(-1, 1, 1, 1) * grad - z).pow(2).mean(dim=(1, 2, 3))
-    weight = edm_weights(sigma, 0.25, model.config.sigma_min, model.config.sigma_max)
+    weight = edm_weights(sigma, 0.25, LevelDistribution(model.config.sigma_min, model.config.sigma_max))
     assert float(losses["noise"]) == pytest.approx(float(error.mean()), rel=1e-4)
     assert float(losses["edm"]) == pytest.approx(float((weight * error).mean()), rel=1e-4)
     assert abs(float(losses["edm"]) - float(losses["noise"])) > 1e-3 * float(losses["noise"])
@@ -510,6 +530,14 @@ def test_the_loss_weighting_is_checked_in_one_line():
     trainer = Trainer(tiny_unet(attributes={}, null_condition=False), torch.rand(16, 3, 8, 8),
                       TrainerConfig(steps=2, batch_size=4, objective=DenoisingConfig(loss_weighting="edm")))
     assert trainer.objective.loss.weighting == "edm" and math.isfinite(trainer.train_step().loss_dsm)
+    with pytest.raises(InvalidInputError, match=r"levels must be one of \['log-uniform', 'log-normal'\], got 'cosine'"):
+        TrainerConfig.from_flat({"levels": "cosine"})
+    with pytest.raises(InvalidInputError, match=r"level_std must be a finite number in \(0, 20\]"):
+        TrainerConfig.from_flat({"levels": "log-normal", "level_std": 0})
+    flat = TrainerConfig.from_flat({"steps": 2, "batch_size": 4, "levels": "log-normal", "level_mean": -2.0})
+    trainer = Trainer(tiny_unet(attributes={}, null_condition=False), torch.rand(16, 3, 8, 8), flat)
+    assert trainer.objective.loss.levels.kind == "log-normal" and trainer.objective.loss.levels.mean == -2.0
+    assert math.isfinite(trainer.train_step().loss_dsm)
 
 
 def colour_patches(n: int, seed: int) -> ImageDataset:

@@ -298,3 +298,33 @@ def test_the_studio_downloads_no_autoencoder(latent_runs, tmp_path, monkeypatch)
         with pytest.raises(CebmError, match="my-org/never-pushed-ae is not in the local Hub cache, and the studio"):
             studio.generate(studio.ModelCache("cpu", models_root=root), "smiling[Smiling=yes]", n=2, out_dir=tmp_path)
         assert not hub.requests  # nothing was asked of the Hub
+
+
+def test_an_attribute_model_starts_from_an_unconditional_base(latent_runs, tmp_path):
+    """A shared unconditional base: a model without attributes starts an attribute model's run (`--init` with
+    `--allow-config-change`); the condition's weights start at zero, so the run starts as the base's energy under
+    every condition."""
+    base_recipe = latent_runs / "base.toml"
+    base_recipe.write_text(LATENT_RECIPE.format(name="base", attribute="Smiling")
+                           .replace('attributes = ["Smiling"]', "attributes = []").replace("label_dropout = 0.1", ""))
+    result = runner.invoke(app, ["--threads", "1", "train", str(base_recipe), "--out", str(tmp_path / "base"),
+                                 "--no-progress"])
+    assert result.exit_code == 0, result.output
+    base = cebm.load(tmp_path / "base" / "model")
+    assert base.attributes == {} and base.embed_condition is None
+    frozen = latent_runs / "smiling-frozen.toml"  # lr 1e-12: the weights stay where they start
+    frozen.write_text(LATENT_RECIPE.format(name="smiling", attribute="Smiling").replace("[trainer]\n",
+                                                                                        "[trainer]\nlr = 1e-12\n"))
+    args = ["--threads", "1", "train", str(frozen), "--init", str(tmp_path / "base" / "model"), "--no-progress"]
+    refused = runner.invoke(app, [*args, "--out", str(tmp_path / "refused")])
+    assert refused.exit_code == 2 and "has no attributes (an unconditional base)" in refused.output
+    tuned = runner.invoke(app, [*args, "--out", str(tmp_path / "tuned"), "--allow-config-change"])
+    assert tuned.exit_code == 0, tuned.output
+    model = cebm.load(tmp_path / "tuned" / "model")
+    assert model.attributes == {"Smiling": ("no", "yes")}
+    torch.manual_seed(0)
+    z, sigma = torch.randn(3, *base.input_shape), torch.full((3,), 0.5)
+    expected = base.energy(z, None, sigma)
+    for value in (0, 1):
+        got = model.energy(z, {"Smiling": torch.full((3,), value)}, sigma)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

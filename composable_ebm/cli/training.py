@@ -23,7 +23,9 @@ def train(
              "OUT/replaced-<time>/, never mixed with the new run's).")] = False,
     allow_config_change: Annotated[
         bool, typer.Option(help="Resume even if the recipe's training settings differ from the checkpoint's; with --init, start "
-                              "from a model whose [model] settings differ where its weights' shapes do not.")
+                              "from a model whose [model] settings differ where its weights' shapes do not, or from "
+                              "one without attributes (an unconditional base: the condition's weights start at "
+                              "zero).")
     ] = False,
     device: DeviceOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,

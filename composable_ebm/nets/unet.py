@@ -120,6 +120,7 @@ class DenoisingUNetEnergy(Pretrained, AttributeCodes, LatentConfig, NoiseConditi
     """``E(x, sigma | y) = ||f(x, sigma, y)||^2 / (2 sigma)``, a U-Net ``f``: see the module's docstring."""
 
     config_class = DenoisingUNetConfig
+    condition_weights = ("embed_condition.",)  # added to the level's embedding: zero is the null condition
 
     def __init__(self, config: DenoisingUNetConfig) -> None:
         c = config

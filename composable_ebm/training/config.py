@@ -110,6 +110,15 @@ class DenoisingConfig(JSONConfig):
     (Ho et al. 2020); `edm`, that error times ``1 + sigma^2 / sigma_data^2``, which is Karras et al. 2022's weighting
     of the denoised image's error (the high levels, where an image's layout and colours are decided, count more),
     scaled to a mean of 1 over the levels trained on. `edm` needs a model that states its ``sigma_data``."""
+    levels: Literal["log-uniform", "log-normal"] = "log-uniform"
+    """How each item's noise level is drawn within the model's ``noise_range``: `log-uniform`, every octave alike;
+    `log-normal`, ``ln sigma`` from a normal of mean ``level_mean`` and std ``level_std`` truncated to the range
+    (Karras et al. 2022's training distribution: iterations spent where the loss can still fall, the middle levels,
+    instead of the highest and lowest)."""
+    level_mean: float = -1.2
+    """The mean of ``ln sigma`` under `log-normal` levels (Karras et al. 2022's -1.2, for data of std 0.5)."""
+    level_std: float = 1.2
+    """The std of ``ln sigma`` under `log-normal` levels (Karras et al. 2022's 1.2)."""
     classifier_weight: float = 0.0
     """Weight of the implicit classifier's cross-entropy (0: off): at each noised training point, for each attribute,
     ``softmax_c(-E(x_sigma, sigma | c) + log p(c))`` over the attribute's values (``p(c)``: their shares of the
@@ -129,6 +138,8 @@ class DenoisingConfig(JSONConfig):
         if self.precision not in PRECISIONS:
             raise InvalidInputError(f"unknown precision {self.precision!r}; valid choices: {list(PRECISIONS)}")
         check_range("DenoisingConfig", "classifier_weight", self.classifier_weight, 0.0)
+        check_range("DenoisingConfig", "level_mean", self.level_mean, -20.0, 20.0)
+        check_range("DenoisingConfig", "level_std", self.level_std, 0.0, 20.0, low_open=True)
 
 
 ObjectiveConfig = ContrastiveConfig | DenoisingConfig

@@ -1,6 +1,7 @@
 """Denoising score matching for noise-conditioned energies (Vincent 2011; Song & Ermon 2019).
 
-For data ``x``, a level ``sigma`` drawn log-uniformly from the model's ``noise_range`` and unit noise ``z``, the
+For data ``x``, a level ``sigma`` drawn from the model's ``noise_range`` (log-uniformly, or log-normally:
+`LevelDistribution`) and unit noise ``z``, the
 noised point is ``x + sigma z`` and the loss is ``|sigma dE/dx(x + sigma z, sigma) - z|^2`` per pixel: the energy's
 input gradient predicts the noise, so ``-dE/dx`` is the score of the noised data (the noise-prediction
 weighting of Ho et al. 2020). The gradient is taken with ``create_graph``, so the loss reaches the parameters
@@ -65,11 +66,62 @@ def noise_range(energy: Energy) -> tuple[float, float]:
 
 
 
-def edm_weights(sigma: Tensor, sigma_data: float, low: float, high: float) -> Tensor:
-    """``1 + sigma^2 / sigma_data^2`` per level, over its mean for levels drawn log-uniformly from ``[low, high]``
-    (``E[sigma^2] = (high^2 - low^2) / (2 log(high / low))``; ``high^2`` when they are one level)."""
-    mean_square = (high * high - low * low) / (2 * math.log(high / low)) if high > low else high * high
-    return (1 + sigma * sigma / sigma_data**2) / (1 + mean_square / sigma_data**2)
+def _phi(t: float) -> float:
+    """The standard normal's distribution function."""
+    return 0.5 * (1.0 + math.erf(t / math.sqrt(2.0)))
+
+
+@dataclass(frozen=True)
+class LevelDistribution:
+    """How training draws noise levels within ``[low, high]`` (`DenoisingConfig.levels`): log-uniformly, or with
+    ``ln sigma`` normal (``mean``, ``std``) truncated to the range, drawn exactly by its inverse distribution
+    function."""
+
+    low: float
+    high: float
+    kind: str = "log-uniform"
+    mean: float = -1.2
+    std: float = 1.2
+
+    def __post_init__(self) -> None:
+        if self.kind == "log-normal" and self._mass() < 1e-9:
+            raise InvalidInputError(f"log-normal levels of ln sigma mean {self.mean:g} and std {self.std:g} put almost"
+                                    f" no level within the model's noise range [{self.low:g}, {self.high:g}]; valid"
+                                    " choices: a level_mean within [ln low, ln high], or a wider level_std")
+
+    def _bounds(self) -> tuple[float, float]:
+        return (math.log(self.low) - self.mean) / self.std, (math.log(self.high) - self.mean) / self.std
+
+    def _mass(self) -> float:
+        a, b = self._bounds()
+        return _phi(b) - _phi(a)
+
+    def draw(self, n: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """``n`` levels, ``(n,)``."""
+        u = torch.rand(n, generator=generator, device=device, dtype=dtype)
+        lo, hi = math.log(self.low), math.log(self.high)
+        if self.kind == "log-uniform" or hi == lo:
+            return torch.exp(lo + u * (hi - lo))
+        a, b = (_phi(t) for t in self._bounds())
+        return torch.exp((self.mean + self.std * torch.special.ndtri(a + u * (b - a))).clamp(lo, hi))
+
+    def mean_square(self) -> float:
+        """``E[sigma^2]`` under the distribution: ``(high^2 - low^2) / (2 log(high / low))`` log-uniformly
+        (``high^2`` when they are one level); ``exp(2 mean + 2 std^2)`` times the mass the range keeps of a normal
+        shifted by ``2 std``, over its own mass, log-normally."""
+        if self.high == self.low:
+            return self.high * self.high
+        if self.kind == "log-uniform":
+            return (self.high ** 2 - self.low ** 2) / (2 * math.log(self.high / self.low))
+        a, b = self._bounds()
+        shifted = _phi(b - 2 * self.std) - _phi(a - 2 * self.std)
+        return math.exp(2 * self.mean + 2 * self.std ** 2) * shifted / self._mass()
+
+
+def edm_weights(sigma: Tensor, sigma_data: float, levels: LevelDistribution) -> Tensor:
+    """``1 + sigma^2 / sigma_data^2`` per level, over its mean for levels drawn from ``levels``, so the weights
+    average 1."""
+    return (1 + sigma * sigma / sigma_data**2) / (1 + levels.mean_square() / sigma_data**2)
 
 
 class DenoisingObjective(nn.Module):
@@ -77,7 +129,8 @@ class DenoisingObjective(nn.Module):
     ``weighting`` says (`WEIGHTINGS`; module docstring)."""
 
     def __init__(self, energy: Energy, weighting: str = "noise", classifier_weight: float = 0.0,
-                 value_shares: dict[str, Tensor] | None = None, own_derivatives: str = "cpu") -> None:
+                 value_shares: dict[str, Tensor] | None = None, own_derivatives: str = "cpu",
+                 levels: str = "log-uniform", level_mean: float = -1.2, level_std: float = 1.2) -> None:
         super().__init__()
         self.energy = energy
         self.own_derivatives = own_derivatives  # where the layers state their own second derivatives (Speed)
@@ -88,6 +141,7 @@ class DenoisingObjective(nn.Module):
                                     f" {energy.name}'s conditions, and it is trained on no labelled attribute; valid"
                                     " choices: classifier_weight = 0, or a conditional model with labelled data")
         self.low, self.high = noise_range(energy)
+        self.levels = LevelDistribution(self.low, self.high, levels, level_mean, level_std)
         if weighting not in WEIGHTINGS:
             raise InvalidInputError(f"unknown loss weighting {weighting!r}; valid choices: {list(WEIGHTINGS)}")
         self.weighting = weighting
@@ -98,12 +152,10 @@ class DenoisingObjective(nn.Module):
                                     " (the denoising-unet's [model] sigma_data)")
 
     def forward(self, x: Tensor, labels: Labels | None, generator: torch.Generator) -> DenoisingOutput:
-        b = x.shape[0]
-        u = torch.rand(b, generator=generator, device=x.device, dtype=x.dtype)
-        sigma = torch.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
+        sigma = self.levels.draw(x.shape[0], generator, x.device, x.dtype)
         z = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
         noised = x + sigma.view((-1,) + (1,) * (x.ndim - 1)) * z
-        weight = edm_weights(sigma, self.sigma_data, self.low, self.high) if self.weighting == "edm" else None
+        weight = edm_weights(sigma, self.sigma_data, self.levels) if self.weighting == "edm" else None
         loss, e = self.noise_prediction(noised, sigma, z, labels, weight)
         if self.classifier_weight == 0 or not labels:
             return DenoisingOutput(loss, e.detach().mean(), loss.detach())
@@ -173,7 +225,8 @@ class DenoisingScoreMatching:
         self.trainer, self.config = trainer, config
         self.loss = trainer.parallel(DenoisingObjective(trainer.energy, config.loss_weighting,
                                                         config.classifier_weight, value_shares(trainer),
-                                                        trainer.speed.own_derivatives))
+                                                        trainer.speed.own_derivatives, config.levels,
+                                                        config.level_mean, config.level_std))
         self._graph: tuple[torch.cuda.CUDAGraph, Tensor, list[Tensor | None]] | None = None
         self._graph_failed = False  # a capture failed: it runs eagerly from then on
 
