@@ -18,7 +18,8 @@ measures the bundled one again (its card's training facts kept) and writes what 
         --about "faces64-smiling from the unconditional base"
 
 draws one latent model alone (``MODELS/faces64-<attribute>/model``: another way to train it, such as from a shared
-unconditional base or by contrastive divergence) for ``report``, beside the bundled ones.
+unconditional base or by contrastive divergence), keeps its rows and writes the ``faces64-alone`` section of
+docs/benchmarks.md from every model drawn so far, in the order of their keys.
 
 Measures the run's ``model/`` on 500 fresh lorelei renders (`benchmarks.autoencoder.measure`: PSNR and how often
 faces64-classifier reads each attribute of a reconstruction as it reads the render, the ceiling of every latent
@@ -130,8 +131,8 @@ def remeasure(n: int = 500) -> None:
 def alone(models: Path, attribute: str, key: str, about: str, n: int = 64) -> dict:
     """Draw ``MODELS/faces64-ATTRIBUTE/model`` alone, every value, as the faces table draws a model alone
     (`benchmarks.faces.measure`: its rows and seeds, both judges, FID ratio against fresh renders of the value), and
-    keep the rows with what the model is (``about``) and its training minutes (its run's log, and its card's earlier
-    stages) for `report`: ``alone-KEY.json``."""
+    keep the rows with what the model is (``about``) and its training minutes (each sitting's measured seconds per
+    step in its run's log) as ``alone-KEY.json``; then `alone_report`."""
     from benchmarks.faces import TABLES, jobs, measure
     from composable_ebm import load
 
@@ -234,11 +235,11 @@ def main() -> None:
     ae.add_argument("--earlier", type=Path, default=None,
                     help="the autoencoder the run was fine-tuned from (a folder with its card): its stage is kept")
     sub.add_parser("report", help="the faces64-latent section of docs/benchmarks.md")
-    drawn = sub.add_parser("alone", help="draw one latent model alone, every value, for report")
+    drawn = sub.add_parser("alone", help="draw one latent model alone, every value (section faces64-alone)")
     drawn.add_argument("--models", type=Path, required=True, help="a folder of faces64-<attribute>/ runs")
     drawn.add_argument("--attribute", required=True)
-    drawn.add_argument("--key", required=True, help="its name in report's order (alone-KEY.json)")
-    drawn.add_argument("--about", required=True, help="what the model is, for report")
+    drawn.add_argument("--key", required=True, help="its place in the section's order (alone-KEY.json)")
+    drawn.add_argument("--about", required=True, help="what the model is, for the section")
     drawn.add_argument("--n", type=int, default=64)
     again = sub.add_parser("remeasure", help="measure the bundled autoencoder again, for report")
     again.add_argument("--n", type=int, default=500)
