@@ -140,8 +140,7 @@ class DenoisingObjective(nn.Module):
             raise InvalidInputError(f"classifier_weight {classifier_weight:g} asks for the implicit classifier of"
                                     f" {energy.name}'s conditions, and it is trained on no labelled attribute; valid"
                                     " choices: classifier_weight = 0, or a conditional model with labelled data")
-        self.low, self.high = noise_range(energy)
-        self.levels = LevelDistribution(self.low, self.high, levels, level_mean, level_std)
+        self.levels = LevelDistribution(*noise_range(energy), levels, level_mean, level_std)
         if weighting not in WEIGHTINGS:
             raise InvalidInputError(f"unknown loss weighting {weighting!r}; valid choices: {list(WEIGHTINGS)}")
         self.weighting = weighting
