@@ -512,23 +512,29 @@ def _check_recipe_unchanged(path: Path, model: Any, spec: Any, allow: bool, say:
     say(f"resuming with changed settings (--allow-config-change): {keys}")
 
 
-def checkpoint_model(run: str | Path, recipe: str | Path | None = None, device: torch.device | str = "cpu") -> Any:
-    """The EMA model of a run's latest checkpoint, built from the run's ``network.json`` (or, for a run without
-    one, from ``recipe``'s network, whose shapes the config decides without building the data)."""
+def _run_network(run: Path, recipe: str | Path | None) -> Any:
+    """A run's network, untrained: from its ``network.json``, or (a run without one) from ``recipe``'s network,
+    whose shapes the config decides without building the data."""
     from composable_ebm.models import model_from_payload
     from composable_ebm.recipes import build_model_from_shapes, load_recipe
+
+    if recipe is not None:
+        return build_model_from_shapes(load_recipe(recipe))
+    if (run / NETWORK_FILE).is_file():
+        return model_from_payload(run / NETWORK_FILE)
+    raise InvalidInputError(f"{run} has no {NETWORK_FILE} (a run of an older version): give the run's recipe")
+
+
+def checkpoint_model(run: str | Path, recipe: str | Path | None = None, device: torch.device | str = "cpu") -> Any:
+    """The EMA model of a run's latest checkpoint, built from the run's ``network.json`` (or, for a run without
+    one, from ``recipe``'s network)."""
     from composable_ebm.training import Trainer, load_checkpoint
 
     run = Path(run)
     checkpoint = run / Trainer.CHECKPOINT
     if not checkpoint.is_file():
         raise InvalidInputError(f"{run} holds no checkpoint.pt: not a run folder, or a run that never saved")
-    if recipe is not None:
-        model = build_model_from_shapes(load_recipe(recipe))
-    elif (run / NETWORK_FILE).is_file():
-        model = model_from_payload(run / NETWORK_FILE)
-    else:
-        raise InvalidInputError(f"{run} has no {NETWORK_FILE} (a run of an older version): give the run's recipe")
+    model = _run_network(run, recipe)
     state = load_checkpoint(checkpoint)
     try:
         model.load_state_dict(state["ema"], strict=True)
@@ -539,22 +545,50 @@ def checkpoint_model(run: str | Path, recipe: str | Path | None = None, device: 
     return model.to(device).eval()
 
 
+def posthoc_model(run: str | Path, std: float, step: int | None = None, recipe: str | Path | None = None,
+                  device: torch.device | str = "cpu") -> Any:
+    """The average of relative std ``std`` of a run's weights at ``step`` (default: the last written), reconstructed
+    from the post-hoc averages it kept (``[trainer] posthoc_ema``; `composable_ebm.training.posthoc`)."""
+    from composable_ebm.training.posthoc import reconstruct
+
+    run = Path(run)
+    state, step = reconstruct(run, std, step)
+    model = _run_network(run, recipe)
+    try:
+        model.load_state_dict(state, strict=True)
+    except (KeyError, RuntimeError) as err:
+        raise InvalidInputError(f"{run}/ema: its weights do not fit the network described (give the run's own"
+                                " recipe)") from err
+    model.checkpoint_step = step
+    return model.to(device).eval()
+
+
 def export_run(run: str | Path, out: str | Path | None = None, recipe: str | Path | None = None,
-               license: str | None = None, overwrite: bool = False) -> Path:
+               license: str | None = None, overwrite: bool = False, ema_std: float | None = None,
+               ema_step: int | None = None) -> Path:
     """Write a model folder (default ``run/model``) from the EMA weights of a run's latest checkpoint: a stopped
-    or killed run's model, without resuming it. A folder that exists and is not empty is refused unless
-    ``overwrite`` (then its model files are replaced and the rest stays)."""
+    or killed run's model, without resuming it. With ``ema_std``, the weights are instead the average of that
+    relative std at ``ema_step`` (default: the last written), made from the run's post-hoc averages
+    (`posthoc_model`). A folder that exists and is not empty is refused unless ``overwrite`` (then its model files
+    are replaced and the rest stays)."""
     from composable_ebm.model_cards import model_card
     from composable_ebm.persistence import check_new_folder
     from composable_ebm.models import save_model
 
+    if ema_std is None and ema_step is not None:
+        raise InvalidInputError("--ema-step picks the step of a post-hoc average: give --ema-std too")
     run = Path(run)
     target = Path(out) if out is not None else run / "model"
     if not overwrite:
         check_new_folder(target)
-    model = checkpoint_model(run, recipe)
-    card = model_card(model, steps=model.checkpoint_step, location=str(target), license=license,
-                      notes=f"Exported from the checkpoint of `{run.name}` at step {model.checkpoint_step}.")
+    if ema_std is None:
+        model = checkpoint_model(run, recipe)
+        notes = f"Exported from the checkpoint of `{run.name}` at step {model.checkpoint_step}."
+    else:
+        model = posthoc_model(run, ema_std, ema_step, recipe)
+        notes = (f"The average of relative std {ema_std:g} of `{run.name}`'s weights at step {model.checkpoint_step},"
+                 " reconstructed from its post-hoc averages (Karras et al. 2024).")
+    card = model_card(model, steps=model.checkpoint_step, location=str(target), license=license, notes=notes)
     return save_model(model, target, card=card)
 
 

@@ -73,15 +73,24 @@ def export(
         help="The run's recipe, for a run written before runs kept their network.json.")] = None,
     license: Annotated[Optional[str], typer.Option(help="License written into the model's card.")] = None,
     overwrite: OverwriteOpt = False,
+    ema_std: Annotated[Optional[float], typer.Option(
+        "--ema-std", help="Instead of the run's EMA, the average of this relative std (0-0.28] made after training "
+                          "from the run's post-hoc averages ([trainer] posthoc_ema).")] = None,
+    ema_step: Annotated[Optional[int], typer.Option(
+        "--ema-step", help="With --ema-std: the step it is made at, one the averages were written at (default: the "
+                           "last).")] = None,
 ) -> None:
     """Write a model folder from the EMA weights of a run's latest checkpoint, without resuming it.
 
     \b
     Example: cebm export runs/color --out models/color
+             cebm export runs/color --ema-std 0.07 --out models/color-ema007
     """
     from composable_ebm.runs import export_run
 
-    typer.echo(f"wrote {export_run(run, out, recipe=recipe, license=license, overwrite=overwrite)}")
+    written = export_run(run, out, recipe=recipe, license=license, overwrite=overwrite, ema_std=ema_std,
+                         ema_step=ema_step)
+    typer.echo(f"wrote {written}")
 
 
 @app.command("data")

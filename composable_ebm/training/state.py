@@ -22,6 +22,7 @@ from composable_ebm.training.checkpoint import (
 )
 from composable_ebm.training.config import (REMOVED_SETTINGS, RESUMABLE_CHANGES, TrainerConfig, config_differences,
                                            with_defaults)
+from composable_ebm.training.posthoc import prune
 
 
 class TrainingState:
@@ -48,6 +49,7 @@ class TrainingState:
             "objective": self.objective.state_dict(),
             "rng": capture_rng_state(self.generator),
             "trainer_config": json.dumps(self.config.to_dict()),
+            **({"posthoc": self.posthoc.state_dict()} if self.posthoc is not None else {}),
         }
 
     def save_checkpoint(self) -> None:
@@ -125,6 +127,14 @@ class TrainingState:
         self.resumed_exactly = restore_rng_state(state["rng"], self.generator)
         self.step = int(state["step"])
         self.rollbacks = int(state["rollbacks"])
+        if self.posthoc is not None:
+            kept = state.get("posthoc")
+            if isinstance(kept, dict) and [float(s) for s in kept.get("stds", ())] == list(self.posthoc.stds):
+                self.posthoc.load_state_dict(kept)
+            else:  # a run that kept none, or others, until now (--allow-config-change): the averages start here
+                self.posthoc.restart(self.energy)
+            if self.out_dir is not None and self.rank == 0:
+                prune(self.out_dir, after=self.step)  # averages of steps after the checkpoint are written again
         if self.rank != 0:
             # the checkpoint holds rank 0's generator and buffer; other ranks must not replay rank 0's draws
             self.generator.manual_seed(self._seed(self.rollbacks) + 104_729 * self.step)

@@ -42,6 +42,7 @@ from composable_ebm.training.denoising import DenoisingScoreMatching
 from composable_ebm.training.faults import Fault, TrainingDiverged, raise_if_any_rank_faulted
 from composable_ebm.training.lock import RunLock
 from composable_ebm.training.log import LOG_NAME, RunLog
+from composable_ebm.training.posthoc import PowerAverages
 from composable_ebm.training.loop import Objective
 from composable_ebm.training.record import StepRecord
 from composable_ebm.training.state import TrainingState
@@ -100,6 +101,7 @@ class Trainer(TrainingState):
                                      else DenoisingScoreMatching(self, config.objective))
         self.optimizer = torch.optim.Adam(self.energy.parameters(), lr=config.lr, betas=config.betas)
         self.ema = copy.deepcopy(self.energy).requires_grad_(False).eval()
+        self.posthoc = PowerAverages(self.energy, config.posthoc_ema) if config.posthoc_ema else None
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(self._seed(0))
         self.step = 0
@@ -215,6 +217,8 @@ class Trainer(TrainingState):
             group["lr"] = record.lr
         self.optimizer.step()
         self._update_ema()
+        if self.posthoc is not None:
+            self.posthoc.update(self.energy, self.step + 1)
 
     @torch.no_grad()
     def _update_ema(self) -> None:
@@ -224,6 +228,11 @@ class Trainer(TrainingState):
         torch._foreach_lerp_(list(self.ema.parameters()), [p.detach() for p in self.energy.parameters()], 1.0 - decay)
         for e, b in zip(self.ema.buffers(), self.energy.buffers(), strict=True):
             e.copy_(b)
+
+    def write_posthoc(self) -> None:
+        """Write the post-hoc averages of this step to ``out_dir/ema/`` (rank 0; nothing without ``out_dir``)."""
+        if self.out_dir is not None and self.rank == 0:
+            self.posthoc.write(self.energy, self.out_dir, self.step)
 
     # ----------------------------------------------------------------- the loop
     def fit(
@@ -254,6 +263,8 @@ class Trainer(TrainingState):
             if self.step % self.config.log_every == 0 or self.step == total:  # the last step too, so a short run can be plotted
                 self._log({"step": self.step, **record.to_log(**self.objective.log_fields(), rollbacks=self.rollbacks)})
             stop = should_stop is not None and self.step < total and should_stop()
+            if self.posthoc is not None and (self.step % self.config.posthoc_every == 0 or self.step == total or stop):
+                self.write_posthoc()
             if self.step % self.config.checkpoint_every == 0 or self.step == total or stop:
                 self.save_checkpoint()
             if stop:
