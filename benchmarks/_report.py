@@ -53,16 +53,19 @@ def link_joint(short: str) -> str:
     return "\n\n" if last.startswith(("#", "|", "!")) else " "
 
 
-def write_section(name: str, body: str, short: str | None = None) -> None:
+def write_section(name: str, body: str, short: str | None = None, page_only: bool = False) -> None:
     """Write a section: its whole text to ``docs/benchmarks/<name>.md``, and its headline (``short`` where given,
     else `headline`) with a link there between the ``<!-- name -->`` markers of docs/benchmarks.md (other sections
-    are kept)."""
+    are kept). ``page_only``: the page alone, for a section another section's headline links to."""
     body = body.strip()
     DETAILS.mkdir(parents=True, exist_ok=True)
-    page = body.replace("](images/", "](../images/").replace("](benchmarks.md", "](../benchmarks.md")
+    page = (body.replace("](images/", "](../images/").replace("](benchmarks.md", "](../benchmarks.md")
+            .replace("](benchmarks/", "]("))  # a page beside this one
     detail = DETAILS / f"{name}.md"
     notes = detail.read_text().partition(NOTES)[2] if detail.exists() else ""  # written by hand: kept
     detail.write_text(page + "\n" + (f"\n{NOTES}{notes}" if notes.strip() else ""))
+    if page_only:
+        return
     short = headline(body) if short is None else short.strip()
     if short != body:
         title = body.splitlines()[0].lstrip("# ").strip()

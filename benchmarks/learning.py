@@ -130,15 +130,17 @@ def measure(recipe: Path, variants: list[str], out: Path, n: int, classifier: st
 
 
 def report(recipe: Path, out: Path, label: str = "alone") -> None:
-    """The ``learning-<recipe>`` section of docs/benchmarks.md from ``curve-LABEL.json``: each variant's accuracy
+    """The page ``docs/benchmarks/learning-<recipe>-<label>.md`` from ``curve-LABEL.json``: each variant's accuracy
     and FID ratio at each snapshot, whether the snapshots before the last rank the variants as the last does, and
-    the curves as a picture (docs/images/learning-<recipe>.png)."""
+    the curves as a picture (docs/images/learning-<recipe>-<label>.png). The mnist section links to it."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
 
-    from benchmarks._report import machine, write_section
+    from benchmarks._report import DETAILS, machine, write_section
+
+    minutes_of = lambda snapshot: f"{float(snapshot.removeprefix('minute-')):g}"  # noqa: E731
 
     curve = json.loads((out / recipe.stem / f"curve-{label}.json").read_text())
     by_variant: dict[str, dict[str, dict]] = {}
@@ -160,22 +162,27 @@ def report(recipe: Path, out: Path, label: str = "alone") -> None:
              f" its rows ({len(curve['rows'])} rows, table indices {curve['rows']}; {curve['n']} samples each, the"
              " model's own sampling settings); cells give accuracy mean (worst) / FID ratio median. Minutes are the"
              " run's logged training time up to the snapshot.", "",
-             "| variant | settings | " + " | ".join(f"{s.removeprefix('minute-').split('.')[0].lstrip('0')} min"
-                                                    for s in snapshots) + " |",
+             "| variant | settings | " + " | ".join(f"{minutes_of(s)} min" for s in snapshots) + " |",
              "| --- | --- | " + " | ".join("---" for _ in snapshots) + " |"]
     for variant, points in by_variant.items():
         lines.append(f"| {variant} | {settings[variant]} | "
                      + " | ".join(cell(points[s]) if s in points else "" for s in snapshots) + " |")
-    common = [s for s in snapshots if all(s in points for points in by_variant.values())]
-    if len(by_variant) > 1 and len(common) > 1:
+    full = [v for v, points in by_variant.items() if snapshots[-1] in points]  # the variants trained longest
+    common = [s for s in snapshots if all(s in by_variant[v] for v in full)]
+    if len(full) > 1 and len(common) > 1:
         last = common[-1]
-        order = lambda s, key, sign: sorted(by_variant, key=lambda v: sign * by_variant[v][s][key])  # noqa: E731
+        order = lambda s, key, sign: sorted(full, key=lambda v: sign * by_variant[v][s][key])  # noqa: E731
         agree = {s: (order(s, "accuracy_mean", -1) == order(last, "accuracy_mean", -1),
                      order(s, "fid_median", 1) == order(last, "fid_median", 1)) for s in common[:-1]}
-        lines += ["", f"**As proxies** (variants with every snapshot): the ranking at {last.removeprefix('minute-')}"
-                  " minutes, by accuracy / by FID ratio, is "
-                  + "; ".join(f"{'kept' if a else 'not kept'} / {'kept' if f else 'not kept'} at"
-                              f" {s.removeprefix('minute-')}" for s, (a, f) in agree.items()) + "."]
+        lines += ["", f"**As proxies** ({', '.join(full)}): their ranking at {minutes_of(last)} minutes, by mean"
+                  " accuracy / by median FID ratio, is "
+                  + "; ".join(f"{'kept' if a else 'not kept'} / {'kept' if f else 'not kept'} at {minutes_of(s)}"
+                              for s, (a, f) in agree.items()) + "."]
+    others = sorted(c.stem.removeprefix("curve-") for c in (out / recipe.stem).glob("curve-*.json"))
+    others = [o for o in others if o != label and (DETAILS / f"learning-{recipe.stem}-{o}.md").is_file()]
+    if others:
+        lines += ["", "The same variants drawn otherwise: " + ", ".join(
+            f"[{o}](benchmarks/learning-{recipe.stem}-{o}.md)" for o in others) + "."]
     image = ROOT / "docs" / "images" / f"learning-{recipe.stem}-{label}.png"
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for variant, points in by_variant.items():
@@ -191,7 +198,8 @@ def report(recipe: Path, out: Path, label: str = "alone") -> None:
     fig.savefig(image, dpi=110)
     plt.close(fig)
     lines += ["", f"![learning curves of {recipe.stem}](images/{image.name})"]
-    write_section(f"learning-{recipe.stem}-{label}", "\n".join(lines))
+    # its headline is a line of the mnist section's (benchmarks/mnist.py: LEARNING)
+    write_section(f"learning-{recipe.stem}-{label}", "\n".join(lines), page_only=True)
 
 
 def main() -> None:

@@ -47,6 +47,8 @@ from composable_ebm.expression import parse_expression
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTES = tuple(MNIST_ATTRIBUTES)
+LEARNING = ROOT / "docs" / "benchmarks" / "learning-mnist-slant-triples.md"
+"""The learning curves of the slant recipe and its variants in the triples (`benchmarks.learning report`)."""
 HELD_OUT, = tomllib.loads((ROOT / "recipes" / "mnist-base.toml").read_text())["data"]["holdout"]
 SHEET_SAMPLES = 8
 
@@ -149,7 +151,9 @@ def report(rows: list[dict], samples: dict[str, torch.Tensor], data, n: int, min
                      f" {worst['joint']:.3f} ({', '.join(f'{a}={v}' for a, v in worst['target'].items())}) |"
                      f" {statistics.median(r['fid_ratio'] for r in group):.1f} |")
     lines += ["", f"**OR** `{disjunction['expression']}`: " + ", ".join(
-        f"digit {d} {s:.3f}" for d, s in disjunction["shares"].items()) + " (target: each 0.40-0.60).", "",
+        f"digit {d} {s:.3f}" for d, s in disjunction["shares"].items()) + " (target: each 0.40-0.60)."
+        + (f" What the recipe learns per CPU-minute: [{LEARNING.stem}](benchmarks/{LEARNING.name})."
+           if LEARNING.is_file() else ""), "",
         "| row | accuracy (joint) | per attribute | FID ratio | HF ratio |", "| --- | --- | --- | --- | --- |"]
     for r in alone + conj:
         name = " + ".join(f"{a}={v}" for a, v in r["target"].items()) + (" (held out)" if r.get("held_out") else "")
