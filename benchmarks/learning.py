@@ -72,9 +72,9 @@ def measure(recipe: Path, variants: list[str], out: Path, n: int, classifier: st
     """Each variant's snapshots drawn as the mnist table draws them (`benchmarks.mnist`): by default alone, every
     value; ``rows`` picks the table's rows by index instead (a sum takes the other attributes' models from the
     bundled ones). ``ema_stds`` adds, per snapshot, the averages of those relative stds made after training from the
-    run's post-hoc averages (a variant trained with ``--set trainer.posthoc_ema=[...]``); ``only`` keeps the snapshots
-    so named (``ema_only``: the averages alone, not the run's own EMA). The variant ``bundled`` is the bundled model of the attribute; ``scales`` (attribute -> scale) replaces
-    the guidance scales of the models of those attributes."""
+    run's post-hoc averages (a variant trained with ``--set trainer.posthoc_ema=[...]``; ``ema_only``: those alone,
+    not the run's own EMA); ``only`` keeps the snapshots so named. The variant ``bundled`` is the bundled model of
+    the attribute; ``scales`` (attribute -> scale) replaces the guidance scales of the models of those attributes."""
     from composable_ebm.runs import posthoc_model
 
     spec = load_recipe(recipe)
@@ -145,14 +145,18 @@ def report(recipe: Path, out: Path, label: str = "alone") -> None:
     curve = json.loads((out / recipe.stem / f"curve-{label}.json").read_text())
     by_variant: dict[str, dict[str, dict]] = {}
     for point in curve["points"]:
-        by_variant.setdefault(point["variant"], {})[point["snapshot"]] = point
+        if point["snapshot"] is None:  # the bundled model: no minutes to plot it at
+            continue
+        scales = "".join(f", {a} at scale {s:g}" for a, s in point.get("scales", {}).items())
+        by_variant.setdefault(point["variant"] + scales, {})[point["snapshot"]] = point
     snapshots = sorted({s for points in by_variant.values() for s in points})
     settings = {}
     for variant in by_variant:
-        kept = out / recipe.stem / variant.split("@")[0] / "variant.json"
+        kept = out / recipe.stem / variant.split("@")[0].split(",")[0] / "variant.json"
         given = json.loads(kept.read_text())["settings"] if kept.is_file() else []
         settings[variant] = ", ".join(f"`{g}`" for g in given) + (
-            f" (its average of relative std {variant.split('@ema')[1]}, made after training)" if "@ema" in variant
+            f" (its average of relative std {variant.split('@ema')[1].split(',')[0]}, made after training)"
+            if "@ema" in variant
             else "") or "the recipe as it is"
     cell = lambda p: f"{p['accuracy_mean']:.3f} ({p['accuracy_worst']:.3f}) / {p['fid_median']:.1f}"  # noqa: E731
     lines = [f"## Learning per CPU-minute: {recipe.stem}", "",
